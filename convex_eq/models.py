@@ -1,0 +1,187 @@
+"""Seed objectives of the papers, built from the same terms a user would write.
+
+| function | encodes |
+|---|---|
+| ``opteq(form="conjugate")`` | OptEq Theorem 1 (TPAMI Eq. 5-6): ``φ = ψ* - ½||·||²``, ``ψ = (1/μ)Σσ̃(Wz + Ux + b)`` |
+| ``opteq(form="canonical")`` | reformulated OptEq (MATH §3 row 1): ``Σf_σ(z) + ½||z||² - <Ux+b, z> - ½||Wz||²`` |
+| ``deep_opteq`` | deep OptEq, TPAMI §5 (Lemma 3 / Thm 2 / Cor 1): ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z`` |
+| ``geq`` | GEQ/KerDEQ (MATH §3 row 2/3): Gaussian-kernel similarity, whole or patch-split |
+| ``mopteq`` | MOptEq with HH&D fusion (MATH §3 row 4): per-branch linear kernels + ``½ΣH - (λ/2)ΣD`` |
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .activations import get_activation
+from .composition import DeepComposition
+from .errors import ShapeError
+from .objective import Objective
+from .operators import Conv2d, Dense, downsample_or_identity
+from .symbols import Input, Scalar, State, Weight
+from .terms import (
+    Antiderivative,
+    ChannelDecorrelation,
+    Coupling,
+    GaussianKernel,
+    Linear,
+    PatchGaussianKernel,
+    Potential,
+    SqNorm,
+)
+
+
+def spectral_weight(name: str, shape: tuple[int, ...], norm: float = 0.9, seed: int = 0
+                    ) -> Weight:
+    """A random dense weight scaled to spectral norm ``norm``."""
+    g = np.random.default_rng(seed)
+    w = g.standard_normal(shape)
+    w = w / np.linalg.norm(w.reshape(shape[0], -1), 2) * norm
+    return Weight(name, shape, w)
+
+
+def conv_weight(name: str, c_out: int, c_in: int, k: int, in_shape: tuple[int, int, int],
+                norm: float = 0.9, seed: int = 0, padding: int | None = None) -> Conv2d:
+    """A random convolution scaled to operator norm ``norm`` (power iteration)."""
+    g = np.random.default_rng(seed)
+    w = Weight(name, (c_out, c_in, k, k), g.standard_normal((c_out, c_in, k, k)) / (k * k))
+    op = Conv2d(w, in_shape=in_shape, padding=k // 2 if padding is None else padding)
+    w.value = w.value * (norm / op.norm())
+    return op
+
+
+def _injection(name: str, out_size: int, d: int, seed: int) -> tuple[Input, Any]:
+    x = Input("x", d)
+    g = np.random.default_rng(seed + 1)
+    u = Weight(f"U{name}", (out_size, d), g.standard_normal((out_size, d)) / math.sqrt(d))
+    b = Weight(f"b{name}", (out_size,), 0.1 * g.standard_normal(out_size))
+    return x, u @ x + b
+
+
+def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
+          form: str = "canonical", mu: float = 1.0, weight_norm: float = 0.9, seed: int = 0,
+          conv: tuple[int, int] | None = None, image: tuple[int, int, int] | None = None
+          ) -> Objective:
+    """OptEq. ``form="conjugate"``: ``φ(z) = ψ*(z) - ½||z||²``, ``ψ(z) = (1/μ)Σσ̃(Wz+Ux+b)``,
+    ``W: m×n`` (layer ``(1/μ)Wᵀσ(Wz+q)``). ``form="canonical"``: ``Σf_σ(z) + ½||z||² - <q,z> -
+    ½||Wz||²`` (layer ``σ(WᵀWz + q)``). ``conv=(channels, kernel)`` with ``image=(C,H,W)`` of the
+    input uses convolutional ``U`` and ``W`` on a ``channels×H×W`` state (canonical form)."""
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    if conv is not None:
+        if image is None:
+            raise ShapeError("conv OptEq needs image=(C, H, W) of the input", term="opteq")
+        ch, k = conv
+        c0, hh, ww = image
+        z = State("z", (ch, hh, ww))
+        x = Input("x", image)
+        u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
+        b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
+        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
+        q = u_op @ x + b
+        obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w_op @ z)],
+                        name="opteq-conv")
+        obj.reference = "OptEq (conv), MATH §3 row 1"
+        return obj
+    if form == "canonical":
+        z = State("z", n)
+        x, q = _injection("", n, d, seed)
+        w = spectral_weight("W", (m, n), weight_norm, seed)
+        obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w @ z)],
+                        name="opteq")
+        obj.reference = "reformulated OptEq, MATH §3 row 1 (TPAMI Eq. 7)"
+        return obj
+    if form == "conjugate":
+        z = State("z", n)
+        x, q = _injection("", m, d, seed)
+        w = spectral_weight("W", (m, n), weight_norm * math.sqrt(mu), seed)
+        psi = Antiderivative(act, w @ z + q) * (1.0 / mu)
+        obj = Objective([psi.conjugate(), -SqNorm(z)], name="opteq-conj")
+        obj.reference = "OptEq Theorem 1, MATH §2 (TPAMI Eq. 5-6)"
+        return obj
+    raise ShapeError(f"unknown form {form!r}", term="opteq", hint="use 'canonical' or 'conjugate'")
+
+
+def deep_opteq(L: int = 2, n: int = 12, m: int = 12, d: int = 6, activation: Any = "relu", *,
+               alpha: float = 0.5, weight_norm: float = 0.9, seed: int = 0) -> DeepComposition:
+    """Deep OptEq: ``f_l(z) = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``, ``T = f_L∘…∘f_1``;
+    ``φ_l = ψ_l* - ½||·||²`` declared on block ``z_l`` (last block ``z_0``)."""
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    x = Input("x", d)
+    layers = []
+    for i in range(1, L + 1):
+        blk = State(f"z{i % L}", n)
+        g = np.random.default_rng(seed + 10 * i)
+        w = spectral_weight(f"W{i}", (m, n), weight_norm, seed + 10 * i)
+        u = Weight(f"U{i}", (m, d), g.standard_normal((m, d)) / math.sqrt(d))
+        b = Weight(f"b{i}", (m,), 0.1 * g.standard_normal(m))
+        psi = Antiderivative(act, w @ blk + (u @ x + b))
+        layers.append(Objective([psi.conjugate(), -SqNorm(blk)], name=f"phi{i}"))
+    return DeepComposition(layers, alpha, name=f"deep_opteq(L={L})")
+
+
+def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
+        gamma: float = 0.5, weight_norm: float = 0.9, seed: int = 0,
+        patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4
+        ) -> Objective:
+    """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b`` (MATH §3 row 2);
+    with ``patch`` and ``image=(C,H,W)`` (the layout of q and Wz) the patch-split kernel
+    ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3)."""
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    gam = Scalar("gamma", gamma, low=0.0, low_open=True)
+    z = State("z", n)
+    x, q = _injection("", p, d, seed)
+    w = spectral_weight("W", (p, n), weight_norm, seed)
+    if patch is None:
+        s = GaussianKernel(q - w @ z, gam)
+        name, ref = "geq", "GEQ/KerDEQ Gaussian kernel, MATH §3 row 2"
+    else:
+        if image is None or math.prod(image) != p:
+            raise ShapeError(f"image layout {image} must have p = {p} entries", term="geq")
+        c = image[0]
+        g = np.random.default_rng(seed + 3)
+        dim = patch * patch * c
+        wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
+        s = PatchGaussianKernel(q, w @ z, gam, patch, wh, image)
+        name, ref = "geq-patch", "GEQ with patch splitting, MATH §3 row 3"
+    obj = Objective([Potential(act, z), SqNorm(z), -s], name=name)
+    obj.reference = ref
+    return obj
+
+
+def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d: int = 8,
+           activation: Any = "relu", *, lam: float = 0.1, weight_norm: float = 0.5,
+           seed: int = 0, decorrelation: bool = True) -> Objective:
+    """MOptEq (HH&D fusion): ``Σ_i [Σf_σ(z_i) + ½||z_i||² - <q_i, z_i> - ½||W_i z_i||²]
+    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; MATH §3 row 4)."""
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    k = len(shapes)
+    if k < 2:
+        raise ShapeError("MOptEq needs at least two branches", term="mopteq")
+    lam_s = Scalar("lam", lam, low=0.0)
+    x = Input("x", d)
+    zs = [State(f"z{i + 1}", s) for i, s in enumerate(shapes)]
+    terms: list[Any] = []
+    for i, zi in enumerate(zs):
+        g = np.random.default_rng(seed + 7 * i)
+        w = spectral_weight(f"W{i + 1}", (zi.size, zi.size), weight_norm, seed + 7 * i)
+        u = Weight(f"U{i + 1}", (zi.size, d), g.standard_normal((zi.size, d)) / math.sqrt(d))
+        b = Weight(f"b{i + 1}", (zi.size,), 0.1 * g.standard_normal(zi.size))
+        terms += [Potential(act, zi), SqNorm(zi), -Linear(u @ x + b, zi), -SqNorm(w @ zi)]
+    for i in range(k):
+        zi, zj = zs[i], zs[(i + 1) % k]
+        p = downsample_or_identity(zj.shape, zi.shape)
+        terms.append(Coupling(zi, zj, p) * -0.5)
+        if decorrelation:
+            terms.append(ChannelDecorrelation(zi, zj, p) * lam_s * 0.5)
+    obj = Objective(terms, name="mopteq")
+    obj.reference = "MOptEq HH&D fusion, MATH §3 row 4"
+    return obj
+
+
+def torch_seed(seed: int) -> torch.Generator:
+    """A seeded torch generator (for reproducible examples)."""
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,31 @@
+"""Linear operators on flat batched tensors: ``apply(v)``: ``(B, in) -> (B, out)``, ``adjoint``.
+
+One module per operator; all share the :class:`LinOp` interface (``apply``, ``adjoint``,
+``matrix``, ``norm``, ``symbols``, ``latex``, ``T``, ``@``).
+"""
+
+from .adjoint import Adjoint
+from .base import LinOp
+from .blockdiag import BlockDiag
+from .compose import Compose
+from .conv import Conv2d
+from .convert import as_operator
+from .dense import Dense
+from .identity import Identity
+from .permutation import CyclicPermutation
+from .pooling import AvgDownsample, Upsample, downsample_or_identity
+
+__all__ = [
+    "Adjoint",
+    "AvgDownsample",
+    "BlockDiag",
+    "Compose",
+    "Conv2d",
+    "CyclicPermutation",
+    "Dense",
+    "Identity",
+    "LinOp",
+    "Upsample",
+    "as_operator",
+    "downsample_or_identity",
+]

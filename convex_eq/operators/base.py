@@ -1,0 +1,223 @@
+"""Base class of linear operators ``A: R^n -> R^m`` acting on flat batched tensors.
+
+Convention: ``apply(v)`` maps ``v`` of shape ``(..., in_size)`` (normally ``(B, in_size)``) to
+``(..., out_size)``; ``adjoint(w)`` maps back.  Weights are unbatched symbols resolved at call
+time (``symbol.resolve(env)``) and cast to the dtype/device of the input.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import NonFiniteError, ShapeError
+from ..symbols import Constant, Env, Symbol, as_tensor
+
+_const_ids = itertools.count()
+
+#: Number of basis vectors pushed through ``apply`` at once when building a dense matrix.
+_MATRIX_CHUNK = 1024
+
+
+def as_symbol(x: Any, prefix: str = "A_c") -> Symbol:
+    """``x`` itself if it is a Symbol, else a ``Constant`` holding ``x`` (generated name)."""
+    if isinstance(x, Symbol):
+        if x.kind not in ("weight", "constant"):
+            raise ShapeError(
+                f"a {x.kind} cannot be used as an operator's weight",
+                term=x.name,
+                hint="use a Weight or Constant (or a plain array)",
+            )
+        return x
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().to(torch.float64)
+    return Constant(f"{prefix}{next(_const_ids)}", x)
+
+
+def as_shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
+    """Normalise an int or tuple into a shape tuple of positive ints."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not shape or any(int(s) != s or s <= 0 for s in shape):
+        raise ShapeError(f"invalid shape {shape}: need positive integer dimensions", term="shape")
+    return tuple(int(s) for s in shape)
+
+
+class LinOp:
+    """A linear map ``A: R^{in_size} -> R^{out_size}`` with ``apply = A v`` and ``adjoint = Aᵀ w``.
+
+    ``in_shape``/``out_shape`` are layout shapes (``(n,)`` for vectors, ``(C, H, W)`` for feature
+    maps; block operators use a tuple of per-block shapes).  ``name`` is the plain-text display.
+    """
+
+    in_size: int
+    out_size: int
+    in_shape: tuple
+    out_shape: tuple
+    name: str
+    #: False for operators whose display needs parentheses under a transpose (compositions).
+    atomic: bool = True
+
+    def __init__(self, default_name: str, name: str | None = None) -> None:
+        """Set the display name: the user-given ``name`` if any, else ``default_name``."""
+        self._user_name = name
+        self.name = default_name if name is None else name
+
+    # ------------------------------------------------------------------ numerics
+    def apply(self, v: torch.Tensor, env: Env | None = None) -> torch.Tensor:
+        """``A v`` for ``v`` of shape ``(..., in_size)``."""
+        raise NotImplementedError
+
+    def adjoint(self, w: torch.Tensor, env: Env | None = None) -> torch.Tensor:
+        """``Aᵀ w`` for ``w`` of shape ``(..., out_size)``."""
+        raise NotImplementedError
+
+    def symbols(self) -> list[Symbol]:
+        """Weights/constants referenced by the operator (distinct, in order)."""
+        return []
+
+    def check_input(
+        self, v: Any, term: str | None = None, *, adjoint: bool = False
+    ) -> torch.Tensor:
+        """Return ``v`` as a floating tensor; ShapeError unless ``v.shape[-1]`` matches.
+
+        The expected size is ``in_size`` (``apply``) or ``out_size`` (``adjoint=True``).
+        ``term`` names the offending term in the error (default: the operator itself).
+        """
+        if not isinstance(v, torch.Tensor):
+            v = as_tensor(v)
+        if not v.is_floating_point():
+            v = v.to(torch.float64)
+        expected = self.out_size if adjoint else self.in_size
+        if v.ndim == 0 or v.shape[-1] != expected:
+            what = "adjoint" if adjoint else "apply"
+            layout = self.out_shape if adjoint else self.in_shape
+            raise ShapeError(
+                f"{type(self).__name__} operator '{self}' ({what}) expects a tensor of shape "
+                f"(B, {expected}) (layout {layout}), got shape {tuple(v.shape)}",
+                term=term or str(self),
+                hint=f"flatten the operand to (B, {expected})",
+            )
+        return v
+
+    def _device(self, env: Env | None) -> torch.device:
+        for s in self.symbols():
+            return s.resolve(env).device
+        return torch.device("cpu")
+
+    def matrix(self, env: Env | None = None) -> np.ndarray:
+        """Dense float64 ``(out_size, in_size)`` matrix ``[A e_1, ..., A e_n]``."""
+        dev = self._device(env)
+        cols = []
+        with torch.no_grad():
+            for start in range(0, self.in_size, _MATRIX_CHUNK):
+                k = min(_MATRIX_CHUNK, self.in_size - start)
+                e = torch.zeros(k, self.in_size, dtype=torch.float64, device=dev)
+                e[torch.arange(k), start + torch.arange(k)] = 1.0
+                cols.append(self.apply(e, env))
+        m = torch.cat(cols, dim=0).T.detach().cpu().to(torch.float64).numpy().copy()
+        return _finite(m, str(self))
+
+    def norm(
+        self, env: Env | None = None, iters: int = 200, tol: float = 1e-10, seed: int = 0
+    ) -> float:
+        """Estimate of ``||A||₂ = sqrt(λ_max(AᵀA))`` by power iteration on ``AᵀA``.
+
+        Deterministic (Gaussian start from ``seed``); returns ``sqrt(||AᵀA v||)`` for the last
+        unit iterate ``v``, a lower bound of ``||A||₂`` that converges to it.  Stops when the
+        relative change falls below ``tol``.
+        """
+        dev = self._device(env)
+        g = torch.Generator().manual_seed(seed)
+        v = torch.randn(1, self.in_size, generator=g, dtype=torch.float64).to(dev)
+        v = v / v.norm()
+        est = 0.0
+        with torch.no_grad():
+            for _ in range(max(int(iters), 1)):
+                u = self.adjoint(self.apply(v, env), env).to(torch.float64)
+                un = float(u.norm())
+                if not math.isfinite(un):
+                    raise NonFiniteError("power iteration produced NaN/Inf", term=str(self))
+                if un == 0.0:
+                    return est
+                new = math.sqrt(un)
+                v = u / un
+                done = abs(new - est) <= tol * new
+                est = new
+                if done:
+                    break
+        return est
+
+    # ------------------------------------------------------------------ algebra
+    @property
+    def T(self) -> LinOp:
+        """The adjoint operator ``Aᵀ``."""
+        from .adjoint import Adjoint
+
+        return Adjoint(self)
+
+    def __matmul__(self, other: Any) -> Any:
+        """``A @ B`` (operator composition) or ``A @ u`` (applied to an affine expression)."""
+        if isinstance(other, LinOp):
+            from .compose import Compose
+
+            return Compose(self, other)
+        from ..affine import as_affine
+
+        return as_affine(other).map(self)
+
+    # ------------------------------------------------------------------ display
+    def latex(self) -> str:
+        """LaTeX of the operator (the user-given name if any)."""
+        return self._user_name if self._user_name is not None else self._latex()
+
+    def _latex(self) -> str:
+        return self.name
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}: {self.in_size} -> {self.out_size})"
+
+
+def resolve_weight(sym: Symbol, env: Env | None, like: torch.Tensor, op: LinOp) -> torch.Tensor:
+    """``sym``'s value from ``env`` (checked against its declared shape), cast ``.to(like)``."""
+    t = sym.resolve(env)
+    if tuple(t.shape) != sym.shape:
+        raise ShapeError(
+            f"weight '{sym.name}' has shape {tuple(t.shape)}, operator expects {sym.shape}",
+            term=str(op),
+        )
+    return t.to(like)
+
+
+def unique_symbols(groups: list[list[Symbol]]) -> list[Symbol]:
+    """Concatenate symbol lists, dropping repeats (by identity)."""
+    out: list[Symbol] = []
+    for group in groups:
+        for s in group:
+            if all(s is not t for t in out):
+                out.append(s)
+    return out
+
+
+def op_symbols(op: Any) -> list[Symbol]:
+    """``op.symbols()`` for LinOps and duck-typed operators (empty if not provided)."""
+    f = getattr(op, "symbols", None)
+    return list(f()) if callable(f) else []
+
+
+def op_latex(op: Any) -> str:
+    """``op.latex()`` for LinOps and duck-typed operators (``str(op)`` fallback)."""
+    f = getattr(op, "latex", None)
+    return f() if callable(f) else str(op)
+
+
+def _finite(m: np.ndarray, term: str) -> np.ndarray:
+    if not np.isfinite(m).all():
+        raise NonFiniteError("operator matrix contains NaN or Inf", term=term)
+    return m

@@ -1,0 +1,215 @@
+"""Typed symbols of an objective: states, inputs, weights, constants and scalar hyper-parameters.
+
+Numeric convention used everywhere in the toolkit: a vector-valued symbol of shape ``s`` is carried
+as a *flat batched* tensor of shape ``(B, prod(s))``; ``shape`` is kept for display and for
+operators (convolutions) that need the spatial layout.  Weights and constants are unbatched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import NonFiniteError, ScaleError, ShapeError
+
+Env = Mapping[str, Any]
+
+KINDS = ("state", "input", "weight", "constant", "scalar")
+
+
+def as_tensor(value: Any, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Convert numpy / python / torch data to a tensor (keeps torch tensors' dtype/device)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=dtype)
+
+
+class Symbol:
+    """A named leaf of an objective; ``kind`` is one of state/input/weight/constant/scalar."""
+
+    kind: str = "symbol"
+
+    def __init__(self, name: str, shape: tuple[int, ...] | int = (), value: Any = None):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ShapeError(f"symbol name {name!r} must be a Python identifier", term="Symbol")
+        if isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(s) for s in shape)
+        if any(s <= 0 for s in shape):
+            raise ShapeError(f"shape {shape} has a non-positive dimension", term=name)
+        self.name = name
+        self.shape = shape
+        self.value = None if value is None else self._check_value(as_tensor(value))
+
+    @property
+    def size(self) -> int:
+        """Number of scalar entries (``prod(shape)``)."""
+        return math.prod(self.shape) if self.shape else 1
+
+    def _check_value(self, value: torch.Tensor) -> torch.Tensor:
+        if tuple(value.shape) != self.shape:
+            raise ShapeError(
+                f"value has shape {tuple(value.shape)}, declared shape is {self.shape}",
+                term=self.name,
+            )
+        if not torch.isfinite(value).all():
+            raise NonFiniteError("value contains NaN or Inf", term=self.name)
+        return value
+
+    def resolve(self, env: Env | None = None) -> torch.Tensor:
+        """The symbol's value: ``env[name]`` if given, else its stored value."""
+        if env is not None and self.name in env:
+            return as_tensor(env[self.name])
+        if self.value is None:
+            raise ShapeError(
+                f"no value bound for {self.kind} '{self.name}'",
+                term=self.name,
+                hint=f"pass {self.name}=... or give the symbol a value",
+            )
+        return self.value
+
+    def latex(self) -> str:
+        return _latex_name(self.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape})"
+
+    # Arithmetic sugar builds affine expressions (see convex_eq.affine).
+    def __add__(self, other: Any) -> Any:
+        from .affine import as_affine
+
+        return as_affine(self) + other
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Any:
+        from .affine import as_affine
+
+        return as_affine(self) - other
+
+    def __rsub__(self, other: Any) -> Any:
+        from .affine import as_affine
+
+        return (-1.0) * as_affine(self) + other
+
+    def __neg__(self) -> Any:
+        from .affine import as_affine
+
+        return -as_affine(self)
+
+    def __rmul__(self, c: float) -> Any:
+        from .affine import as_affine
+
+        return c * as_affine(self)
+
+
+class State(Symbol):
+    """An equilibrium state block ``z`` (vector or channel x height x width feature map)."""
+
+    kind = "state"
+
+
+class Input(Symbol):
+    """The layer input ``x`` (batched at run time)."""
+
+    kind = "input"
+
+
+class Weight(Symbol):
+    """A learnable parameter (becomes ``nn.Parameter`` in emitted modules)."""
+
+    kind = "weight"
+
+    def __init__(self, name: str, shape: tuple[int, ...] | int, value: Any = None, *, seed: int = 0):
+        super().__init__(name, shape, value)
+        if self.value is None:
+            g = torch.Generator().manual_seed(seed)
+            fan_in = self.size // self.shape[0] if self.shape else 1
+            self.value = torch.randn(self.shape, generator=g, dtype=torch.float64) / math.sqrt(
+                max(fan_in, 1)
+            )
+
+    def __matmul__(self, other: Any) -> Any:
+        from .operators import Dense
+
+        return Dense(self) @ other
+
+
+class Constant(Symbol):
+    """A fixed array (becomes a buffer in emitted modules)."""
+
+    kind = "constant"
+
+    def __init__(self, name: str, value: Any):
+        t = as_tensor(value)
+        super().__init__(name, tuple(t.shape), t)
+
+    def __matmul__(self, other: Any) -> Any:
+        from .operators import Dense
+
+        return Dense(self) @ other
+
+
+class Scalar(Symbol):
+    """A scalar hyper-parameter (γ, α, λ, ε, μ) with an admissible range."""
+
+    kind = "scalar"
+
+    def __init__(
+        self,
+        name: str,
+        value: float,
+        *,
+        low: float | None = None,
+        high: float | None = None,
+        low_open: bool = False,
+    ):
+        super().__init__(name, (), float(value))
+        self.low, self.high, self.low_open = low, high, low_open
+        self.check(float(value))
+
+    def check(self, v: float, term: str | None = None) -> float:
+        """Raise ScaleError unless ``v`` lies in the declared range."""
+        if not math.isfinite(v):
+            raise NonFiniteError(f"{self.name} = {v} is not finite", term=term or self.name)
+        bad_low = self.low is not None and (v <= self.low if self.low_open else v < self.low)
+        bad_high = self.high is not None and v > self.high
+        if bad_low or bad_high:
+            lo = "(" if self.low_open else "["
+            rng = f"{lo}{self.low if self.low is not None else '-inf'}, "
+            rng += f"{self.high if self.high is not None else 'inf'}]"
+            raise ScaleError(
+                f"{self.name} = {v} is outside its admissible range {rng}",
+                term=term or self.name,
+                hint=f"choose {self.name} in {rng}",
+            )
+        return v
+
+    def float(self, env: Env | None = None) -> float:
+        """Current value as a python float (checked against the range)."""
+        return self.check(float(self.resolve(env)))
+
+
+_GREEK = {
+    "alpha", "beta", "gamma", "delta", "epsilon", "lambda", "mu", "sigma", "rho", "kappa",
+    "tau", "eta", "theta", "phi", "psi", "omega", "nu", "xi",
+}
+
+
+def _latex_name(name: str) -> str:
+    base, _, sub = name.partition("_")
+    if base in {"lam", "lmbda"}:
+        base = "lambda"
+    if base == "eps":
+        base = "varepsilon"
+    head = f"\\{base}" if base in _GREEK or base == "varepsilon" else base
+    return f"{head}_{{{sub}}}" if sub else head
+
+
+def scalar_value(s: Scalar | float, env: Env | None = None) -> float:
+    """A float from a Scalar symbol or a plain number."""
+    return s.float(env) if isinstance(s, Scalar) else float(s)

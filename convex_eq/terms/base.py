@@ -1,0 +1,343 @@
+"""Term base class: every term declares shape rule, curvature (with condition), smoothness,
+gradient, prox, value, LaTeX and CVXPY export — in the style of CVXPY's atoms."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..affine import Affine, as_affine
+from ..errors import LoweringError, NotDCPError, ScaleError, ShapeError
+from ..symbols import Env, Scalar, Symbol
+
+if TYPE_CHECKING:
+    from ..export import ExportContext
+
+Values = Mapping[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- curvature
+@dataclass
+class Condition:
+    """A checkable condition ``measure(env) <sense> bound`` (e.g. ``||W||₂ ≤ 1``)."""
+
+    text: str
+    latex: str
+    measure: Callable[[Env | None], float]
+    bound: float
+    sense: str = "<="
+    tol: float = 1e-9
+    op: Any = None  # the operator whose norm is measured, if any (used by weight control)
+
+    def value(self, env: Env | None = None) -> float:
+        return float(self.measure(env))
+
+    def holds(self, env: Env | None = None) -> bool:
+        v = self.value(env)
+        if self.sense == "<=":
+            return v <= self.bound + self.tol
+        return v >= self.bound - self.tol
+
+    def describe(self, env: Env | None = None) -> str:
+        """``||W||₂ ≤ 1 (now 1.37)``."""
+        return f"{self.text} (now {self.value(env):.4g})"
+
+
+@dataclass
+class Curvature:
+    """Declared curvature of a term: convex/concave/affine/unknown, holding under ``conditions``."""
+
+    kind: str
+    conditions: list[Condition] = field(default_factory=list)
+    reason: str = ""
+
+    def flipped(self) -> Curvature:
+        k = {"convex": "concave", "concave": "convex"}.get(self.kind, self.kind)
+        return Curvature(k, list(self.conditions), self.reason)
+
+
+@dataclass
+class QuadPart:
+    """``coef · <u1, u2>`` (``u2 is None`` means ``½ coef ||u1||²``): a quadratic summand.
+
+    Quadratic summands of all terms are collected into one symmetric form for certificates and
+    for CVXPY export (so ``½||z||² - ½||Wz||²`` becomes ``½ zᵀ(I - WᵀW) z``)."""
+
+    coef: float
+    u1: Affine
+    u2: Affine | None
+    source: str
+
+
+@dataclass
+class StrongConvexity:
+    """``coef·f`` is ``m``-strongly convex in ``state``, with ``m = factor / ||op||₂²``
+    (``op`` None means ``m = factor``)."""
+
+    state: Symbol
+    factor: float
+    op: Any = None
+    op_text: str = ""
+
+    def modulus(self, env: Env | None = None) -> float:
+        if self.op is None:
+            return self.factor
+        n = self.op.norm(env)
+        return math.inf if n == 0 else self.factor / n**2
+
+
+# --------------------------------------------------------------------------- base term
+class Term:
+    """A summand of a hidden objective, ``scale · Π scalars · f(args)``."""
+
+    #: short human-readable kind, e.g. "Gaussian kernel"
+    label: str = "term"
+    #: curvature of f itself (before the coefficient), unconditional
+    base_curvature: str = "unknown"
+    smooth: bool = False
+    #: True if the term couples samples of a batch (batch decorrelation)
+    batch_coupled: bool = False
+
+    def __init__(self, *args: Any):
+        self.args: list[Affine] = [as_affine(a) for a in args]
+        self.scale: float = 1.0
+        self.scalars: tuple[Scalar, ...] = ()
+        self.check_shapes()
+
+    # ----------------------------------------------------------- structure & shapes
+    def check_shapes(self) -> None:
+        """Shape rule; default: nothing beyond the affine args' own consistency."""
+
+    def states(self) -> list[Symbol]:
+        out: list[Symbol] = []
+        for a in self.args:
+            for s in a.states():
+                if all(s is not o for o in out):
+                    out.append(s)
+        return out
+
+    def symbols(self) -> list[Symbol]:
+        out: list[Symbol] = []
+        for a in self.args:
+            for e in a.entries:
+                syms = [e.symbol, *([] if e.op is None else e.op.symbols())]
+                for s in syms:
+                    if all(s is not o for o in out):
+                        out.append(s)
+        for s in self.scalars:
+            if all(s is not o for o in out):
+                out.append(s)
+        return out
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    # ----------------------------------------------------------- coefficient
+    def coef(self, env: Env | None = None) -> float:
+        c = self.scale
+        for s in self.scalars:
+            c *= s.float(env)
+        return c
+
+    def coef_sign(self) -> int:
+        """Sign of the coefficient (scalars are declared positive)."""
+        return 1 if self.scale >= 0 else -1
+
+    def __mul__(self, c: Any) -> Term:
+        t = copy.copy(self)
+        if isinstance(c, Scalar):
+            if c.low is None or c.low < 0:
+                raise ScaleError(
+                    f"scaling by scalar {c.name} needs a declared lower bound ≥ 0",
+                    term=str(self),
+                    hint=f"declare Scalar('{c.name}', v, low=0)",
+                )
+            t.scalars = (*self.scalars, c)
+        elif isinstance(c, (int, float)):
+            if not math.isfinite(c):
+                raise ScaleError(f"scale {c} is not finite", term=str(self))
+            t.scale = self.scale * float(c)
+        else:
+            raise ScaleError(f"cannot scale a term by {type(c).__name__}", term=str(self))
+        return t
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> Term:
+        return self * -1.0
+
+    def __add__(self, other: Any) -> Any:
+        from ..objective import Objective
+
+        return Objective([self]) + other
+
+    __radd__ = __add__
+
+    def __sub__(self, other: Any) -> Any:
+        from ..objective import Objective
+
+        return Objective([self]) - other
+
+    # ----------------------------------------------------------- curvature
+    def curvature(self) -> Curvature:
+        """Curvature of ``coef·f`` with the conditions under which it holds."""
+        c = self.raw_curvature()
+        return c if self.coef_sign() > 0 else c.flipped()
+
+    def raw_curvature(self) -> Curvature:
+        return Curvature(self.base_curvature)
+
+    def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        """Quadratic summands of this term (collected objective-wide); default none."""
+        return []
+
+    def strong_convexity(self) -> StrongConvexity | None:
+        """Strong-convexity modulus of ``coef·f`` in one state block (for certificates)."""
+        return None
+
+    # ----------------------------------------------------------- numerics
+    def value(self, values: Values, env: Env | None = None) -> torch.Tensor:
+        """Per-sample value, shape ``(B,)``."""
+        us = [a.evaluate(values, env) for a in self.args]
+        return self.coef(env) * self.raw_value(us, env)
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement raw_value")
+
+    def grad(self, values: Values, env: Env | None = None) -> dict[str, torch.Tensor]:
+        """Gradient with respect to each state block (chain rule through the affine args)."""
+        if not self.smooth:
+            raise LoweringError(
+                "term is not differentiable", term=str(self),
+                hint="use its prox (if any) or a smooth surrogate (e.g. a Moreau envelope)",
+            )
+        us = [a.evaluate(values, env) for a in self.args]
+        gs = self.raw_grad(us, env)
+        c = self.coef(env)
+        out: dict[str, torch.Tensor] = {}
+        for a, g in zip(self.args, gs):
+            if g is None:
+                continue
+            for s in a.states():
+                contrib = c * a.adjoint(g, s, env)
+                out[s.name] = out[s.name] + contrib if s.name in out else contrib
+        return out
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        raise NotImplementedError(f"{type(self).__name__} must implement raw_grad")
+
+    def grad_lipschitz(self, env: Env | None = None) -> float:
+        """Upper bound on the Lipschitz constant of ``∇(coef·f)`` w.r.t. the stacked state."""
+        if not self.smooth:
+            return math.inf
+        tot = 0.0
+        lips = self.raw_grad_lipschitz(env)
+        for a, lip in zip(self.args, lips):
+            n = sum(a.operator_norm(s, env) ** 2 for s in a.states())
+            tot += lip * n
+        return abs(self.coef(env)) * tot
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [math.inf] * len(self.args)
+
+    def grad_text(self, latex: bool = False) -> list[str | None] | None:
+        """Printable gradient rule per argument (``f'(u)``), used in derivations."""
+        return None
+
+    # ----------------------------------------------------------- prox
+    @property
+    def prox_state(self) -> Symbol | None:
+        """The state this term's prox acts on (single arg that is exactly a state)."""
+        if len(self.args) == 1 and len(self.args[0].entries) == 1:
+            e = self.args[0].entries[0]
+            if e.symbol.kind == "state" and e.op is None and e.coef == 1.0:
+                return e.symbol
+        return None
+
+    @property
+    def has_prox(self) -> bool:
+        return self.prox_state is not None and type(self).raw_prox is not Term.raw_prox
+
+    def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None) -> torch.Tensor:
+        """``prox_{t·coef·f}(v)`` (closed form)."""
+        if not self.has_prox:
+            raise LoweringError(
+                "no closed-form prox", term=str(self),
+                hint="use a gradient step (if smooth) or the forward-backward fallback",
+            )
+        c = t * self.coef(env)
+        if c <= 0:
+            raise ScaleError(f"prox needs a positive step·coefficient, got {c:g}", term=str(self))
+        return self.raw_prox(v, c, env)
+
+    def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        raise LoweringError("no closed-form prox", term=str(self))
+
+    # ----------------------------------------------------------- conjugate
+    def conjugate(self) -> Term:
+        """Closed-form convex conjugate ``(coef·f)*`` (rule per term)."""
+        raise NotDCPError(
+            "no closed-form conjugate rule", term=str(self),
+            hint="conjugates are known for potentials, σ̃, ½||·||², ||·||₁, indicators and σ̃∘affine",
+        )
+
+    # ----------------------------------------------------------- export
+    def export(self, ctx: ExportContext) -> None:
+        """Add this term's CVXPY form (quadratic parts go through ``quad_parts``)."""
+        raise NotDCPError(
+            f"{self.label} term is not DCP-representable", term=str(self),
+            hint="verify this objective with the numeric/local references (verify.check)",
+        )
+
+    # ----------------------------------------------------------- printing
+    def coef_latex(self) -> str:
+        parts = [] if self.scale == 1.0 else (["-"] if self.scale == -1.0 else [f"{self.scale:g}"])
+        parts += [s.latex() for s in self.scalars]
+        return " ".join(parts)
+
+    def coef_str(self) -> str:
+        if self.scale == 1.0 and not self.scalars:
+            return ""
+        parts = [] if self.scale == 1.0 else (["-"] if self.scale == -1.0 else [f"{self.scale:g}"])
+        parts += [s.name for s in self.scalars]
+        sep = "" if parts == ["-"] else "·"
+        return "".join(parts[:1]) + "".join("·" + p for p in parts[1:]) + sep
+
+    def latex(self) -> str:
+        c = self.coef_latex()
+        return f"{c} {self.raw_latex()}".strip()
+
+    def raw_latex(self) -> str:
+        return type(self).__name__
+
+    def __str__(self) -> str:
+        return f"{self.coef_str()}{self.raw_str()}"
+
+    def raw_str(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self}>"
+
+
+def single_arg(term: Term) -> Affine:
+    if len(term.args) != 1:
+        raise ShapeError(f"expected one argument, got {len(term.args)}", term=str(term))
+    return term.args[0]
+
+
+def batch_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample inner product ``<a_b, b_b>``."""
+    return (a * b).sum(dim=-1)
+
+
+def require_states(args: Sequence[Affine], term: str) -> None:
+    if not any(a.states() for a in args):
+        raise ShapeError("term does not depend on any state", term=term,
+                         hint="terms of the hidden objective must involve the equilibrium state")

@@ -1,0 +1,203 @@
+"""Conjugate of a separable function of an affine map (MATH §2):
+``ψ(z) = s Σ σ̃(Mz + q)``  ⇒  ``ψ*(v) = s · min_y { Σ σ̃*(y) - <q, y> : Mᵀy = v/s }``."""
+
+from __future__ import annotations
+
+from convex_eq.terms.potential import act_latex as _sig
+
+import itertools
+
+import cvxpy as cp
+import numpy as np
+import torch
+
+from ..activations import Activation
+from ..affine import Affine, as_affine
+from ..errors import LoweringError, ShapeError, SolverError
+from ..export import ExportContext
+from ..symbols import Env, State, Symbol
+from .base import Curvature, StrongConvexity, Term
+
+_aux_ids = itertools.count()
+
+
+class SeparableAffineConjugate(Term):
+    """``ψ*(v)`` for ``ψ = s Σσ̃(Mz + q)``; convex, ``(1/(s L_σ ||M||²))``-strongly convex.
+
+    Exported with an auxiliary variable ``y`` and the substitution ``v = s Mᵀ y``."""
+
+    label = "conjugate of σ̃∘affine"
+    base_curvature = "convex"
+    smooth = False
+
+    def __init__(self, act: Activation, op: object, q: Affine | None, s: float, state: Symbol):
+        self.act, self.op, self.q, self.s = act, op, q, float(s)
+        self.state = state
+        if self.s <= 0:
+            raise ShapeError("scale s of ψ = s Σσ̃(Mz+q) must be positive", term="ψ*")
+        super().__init__(state)
+
+    @classmethod
+    def from_antiderivative(cls, term: Term) -> SeparableAffineConjugate:
+        """Rule: conjugate of ``s·Σσ̃(c·M z + q)`` (one state, one operator)."""
+        u = term.args[0]
+        sp, off = u.state_part, u.offset_part
+        if sp is None or len(sp.entries) != 1 or sp.entries[0].op is None:
+            raise LoweringError(
+                "separable∘affine conjugate rule needs the argument M z + q with one operator "
+                "applied to one state", term=str(term),
+            )
+        e = sp.entries[0]
+        op = e.op if e.coef == 1.0 else _Scaled(e.coef, e.op)
+        return cls(term.act, op, off, term.scale, e.symbol)
+
+    def check_shapes(self) -> None:
+        if self.op.in_size != self.state.size:
+            raise ShapeError(f"M maps size {self.op.in_size}, state has {self.state.size}",
+                             term=str(self))
+        if self.q is not None and self.q.size != self.op.out_size:
+            raise ShapeError(f"q has size {self.q.size}, M z has {self.op.out_size}",
+                             term=str(self))
+
+    def symbols(self) -> list[Symbol]:
+        out: list[Symbol] = [self.state]
+        extra = list(self.op.symbols())
+        if self.q is not None:
+            for e in self.q.entries:
+                extra += [e.symbol, *([] if e.op is None else e.op.symbols())]
+        extra += list(self.scalars)
+        for s in extra:
+            if all(s is not o for o in out):
+                out.append(s)
+        return out
+
+    # ---------------------------------------------------------------- value
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        raise AssertionError("SeparableAffineConjugate overrides value()")
+
+    def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
+        """``s · min_y {Σσ̃*(y) - <q,y> : Mᵀy = v/s}``; unique ``y`` when ``Mᵀ`` is injective."""
+        v = values[self.state.name]
+        m = torch.as_tensor(self.op.matrix(env), dtype=v.dtype, device=v.device)
+        q = (self.q.evaluate(values, env) if self.q is not None
+             else torch.zeros(v.shape[0], m.shape[0], dtype=v.dtype, device=v.device))
+        q = q.expand(v.shape[0], -1)
+        rank = np.linalg.matrix_rank(m.detach().cpu().numpy())
+        target = v / self.s
+        if rank == m.shape[0]:
+            y = torch.linalg.lstsq(m.T, target.T).solution.T
+            lo, hi = self.act.domain
+            yc = y.clamp(min=lo if lo > -float("inf") else None,
+                         max=hi if hi < float("inf") else None)
+            near = (y - yc).norm(dim=-1) <= 1e-9 * y.norm(dim=-1).clamp_min(1.0)
+            y = torch.where(near[:, None], yc, y)
+            resid = (y @ m - target).norm(dim=-1)
+            scale = target.norm(dim=-1).clamp_min(1.0)
+            inner = self.act.antiderivative_conjugate(y).sum(-1) - (q * y).sum(-1)
+            inner = torch.where(resid <= 1e-8 * scale, inner, torch.full_like(inner, torch.inf))
+            return self.coef(env) * self.s * inner
+        return self.coef(env) * self.s * self._inner_cvxpy(m, q, target)
+
+    def _inner_cvxpy(self, m: torch.Tensor, q: torch.Tensor, target: torch.Tensor
+                     ) -> torch.Tensor:
+        out = []
+        mn = m.detach().cpu().numpy()
+        for qi, ti in zip(q.detach().cpu().numpy(), target.detach().cpu().numpy()):
+            y = cp.Variable(mn.shape[0])
+            quad, expr, cons = self.act.cvxpy_split(y)
+            obj = 0.5 * (quad + 1.0) * cp.sum_squares(y) + expr - qi @ y
+            prob = cp.Problem(cp.Minimize(obj), [*cons, mn.T @ y == ti])
+            prob.solve(solver=cp.CLARABEL)
+            if prob.status == cp.INFEASIBLE:
+                out.append(np.inf)
+            elif prob.status != cp.OPTIMAL:
+                raise SolverError(f"inner conjugate problem status {prob.status}", term=str(self))
+            else:
+                out.append(prob.value)
+        return torch.as_tensor(out, dtype=target.dtype, device=target.device)
+
+    # ---------------------------------------------------------------- structure
+    def raw_curvature(self) -> Curvature:
+        return Curvature("convex", reason="a convex conjugate")
+
+    def strong_convexity(self) -> StrongConvexity | None:
+        if self.coef_sign() < 0 or self.scalars:
+            return None
+        return StrongConvexity(self.state, self.scale / (self.s * self.act.lipschitz), self.op,
+                               f"{self.op}")
+
+    def grad_lipschitz_of_primal(self, env: Env | None = None) -> float:
+        """``Lip(∇ψ) = s L_σ ||M||₂²``."""
+        return self.s * self.act.lipschitz * self.op.norm(env) ** 2
+
+    def primal(self) -> Term:
+        """``ψ`` itself (the term this one is the conjugate of)."""
+        from .potential import Antiderivative
+
+        u = as_affine(self.state).map(self.op)
+        if self.q is not None:
+            u = u + self.q
+        return Antiderivative(self.act, u) * self.s
+
+    def conjugate(self) -> Term:
+        if self.scale != 1.0 or self.scalars:
+            return super().conjugate()
+        return self.primal()
+
+    # ---------------------------------------------------------------- export
+    def declare(self, ctx: ExportContext) -> None:
+        """Introduce ``y`` and substitute ``v = s Mᵀ y``."""
+        y = State(f"{self.state.name}_dual{next(_aux_ids)}", self.op.out_size)
+        self._aux = y
+        sl = ctx.add_aux_state(y)
+        ctx.substitute(self.state, self.s * self.op.matrix(ctx.env).T, sl, term=str(self))
+
+    def export(self, ctx: ExportContext) -> None:
+        from .potential import AntiderivativeConjugate
+        from .quadratic import Linear
+
+        c = self.coef(ctx.env) * self.s
+        AntiderivativeConjugate(self.act, self._aux).__mul__(c).export(ctx)
+        if self.q is not None:
+            Linear(self.q, self._aux).__mul__(-c).export(ctx)
+
+    # ---------------------------------------------------------------- printing
+    def raw_latex(self) -> str:
+        q = f" + {self.q.latex()}" if self.q is not None else ""
+        sc = "" if self.s == 1.0 else f"{self.s:g}"
+        inner = f"{sc} \\sum_j \\tilde{{{_sig(self.act)}}}({self.op.latex()} \\cdot{q})"
+        return f"\\big({inner}\\big)^*({self.state.latex()})"
+
+    def raw_str(self) -> str:
+        q = f" + {self.q}" if self.q is not None else ""
+        sc = "" if self.s == 1.0 else f"{self.s:g}·"
+        return f"({sc}Σ ∫{self.act.name}({self.op}·{q}))*({self.state.name})"
+
+
+class _Scaled:
+    """``c·A`` as a linear operator (used to fold a coefficient into M)."""
+
+    def __init__(self, c: float, op: object):
+        self.c, self.op = c, op
+        self.in_size, self.out_size = op.in_size, op.out_size
+
+    def apply(self, v: torch.Tensor, env: Env | None = None) -> torch.Tensor:
+        return self.c * self.op.apply(v, env)
+
+    def adjoint(self, w: torch.Tensor, env: Env | None = None) -> torch.Tensor:
+        return self.c * self.op.adjoint(w, env)
+
+    def matrix(self, env: Env | None = None) -> np.ndarray:
+        return self.c * self.op.matrix(env)
+
+    def norm(self, env: Env | None = None) -> float:
+        return abs(self.c) * self.op.norm(env)
+
+    def symbols(self) -> list[Symbol]:
+        return self.op.symbols()
+
+    def latex(self) -> str:
+        return f"{self.c:g}{self.op.latex()}"
+
+    def __str__(self) -> str:
+        return f"{self.c:g}{self.op}"

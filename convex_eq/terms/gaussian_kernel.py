@@ -1,0 +1,276 @@
+"""Gaussian-kernel similarity terms of GEQ / KerDEQ (MATH §3).
+
+``GaussianKernel(r, γ)``:  ``S(r) = (1/(2γ)) exp(-γ||r||²)`` with ``r`` an affine argument (users
+pass ``q - W @ z``).
+
+* ``∇_r S = (1/(2γ)) e^{-γ||r||²} (-2γ r) = -e^{-γ||r||²} r``; through ``r = q - Wz`` the base's
+  chain rule gives ``∇_z S = e^{-γ||q-Wz||²} Wᵀ(q - Wz)`` (the GEQ layer's pre-activation).
+* Lipschitz constant of ``∇_r S`` is 1.  Proof: the Jacobian of ``∇_r S`` is
+  ``J(r) = -e^{-γ||r||²}(I - 2γ r rᵀ)``, symmetric, with eigenvalues ``-e^{-t}`` (on ``r^⊥``) and
+  ``-e^{-t}(1 - 2t)`` (along ``r``), ``t = γ||r||² ≥ 0``.  ``e^{-t} ≤ 1``; and
+  ``h(t) = e^{-t}|1 - 2t|`` is ≤ 1 on ``[0, ½]`` (both factors ≤ 1) and on ``t > ½`` its maximum
+  is at ``h'(t) = e^{-t}(3 - 2t) = 0``, ``t = 3/2``, ``h = 2e^{-3/2} ≈ 0.446``.  So
+  ``||J(r)||₂ ≤ 1`` everywhere (equality at ``r = 0``), and by the mean-value theorem ``∇S`` is
+  1-Lipschitz.  The base multiplies by ``||∂r/∂z||₂²`` (e.g. ``||W||₂²``).
+* Neither convex nor concave (``J(0) = -I`` while the curvature along ``r`` is positive for
+  ``γ||r||² > ½``); the equilibria are stationary points.  No prox, export refused.
+
+``PatchGaussianKernel(q, wz, γ, patch, W_h, image_shape)`` (patch splitting):
+
+    ``S = (1/(2γ)) Σ_i exp(-γ ||(x̃_i - z̃_i) W_h||²)``,
+
+``x̃_i, z̃_i`` the i-th non-overlapping ``patch × patch`` patch (all channels) of ``q`` and of
+``Wz``, laid out as ``image_shape = (C, H, W)``.  A patch is flattened in ``(C, patch, patch)``
+row-major order into a row vector of length ``C·patch²``; patches are enumerated row-major over
+the ``(H/patch) × (W/patch)`` grid; ``W_h`` is a ``(C·patch²) × h`` Weight/Constant.
+
+Design: the term has ONE affine argument ``r = q - wz`` (``q`` and ``wz`` are kept as the
+attributes ``.q`` and ``.wz``).  With ``y_i = r̃_i W_h``,
+``∇_{r̃_i} S = -e^{-γ||y_i||²} r̃_i W_h W_hᵀ``, scattered back to the image layout; the base's
+chain rule through ``r = q - Wz`` then gives ``∇_z S = Wᵀ m`` with ``m`` the scattered patches of
+``e^{-γ||·||²}(x̃_i - z̃_i) W_h W_hᵀ`` — exactly MATH §3.  Gradient Lipschitz bound w.r.t. ``r``:
+the Hessian is block diagonal over the disjoint patches, with blocks
+``-W_h e^{-γ||y||²}(I - 2γ y yᵀ) W_hᵀ``; by the bound above each has norm ``≤ ||W_h||₂²``, hence
+``Lip(∇_r S) ≤ ||W_h||₂²`` (and the base multiplies by ``||∂r/∂z||₂²``).  One argument (rather
+than ``[q, wz]``) keeps this bound valid even if ``q`` also depends on a state: with two
+arguments the joint Hessian ``[[Hs, -Hs], [-Hs, Hs]]`` has twice the norm.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..affine import Affine, as_affine
+from ..errors import NotDCPError, ScaleError, ShapeError
+from ..export import ExportContext
+from ..symbols import Constant, Env, Scalar, Symbol, Weight
+from .base import Curvature, Term, require_states, single_arg
+
+_REASON = "Gaussian kernel term is neither convex nor concave"
+
+
+def _as_symbol(x: Any, prefix: str) -> Symbol:
+    """An array as a Constant with a generated unique name (``W_h0``, ``W_h1``, ...)."""
+    from ..operators.base import as_symbol
+
+    return as_symbol(x, prefix=prefix)
+
+
+class _GammaMixin:
+    """Shared handling of the bandwidth ``γ > 0`` (float or Scalar)."""
+
+    gamma: float | Scalar
+
+    def gamma_value(self, env: Env | None = None) -> float:
+        """Current ``γ`` (ScaleError naming the term unless positive and finite)."""
+        g = self.gamma
+        v = g.check(float(g.resolve(env)), term=str(self)) if isinstance(g, Scalar) else float(g)
+        if not (math.isfinite(v) and v > 0):
+            raise ScaleError(f"γ = {v:g} must be positive", term=str(self),
+                             hint="the Gaussian kernel bandwidth γ must be > 0")
+        return v
+
+    def _gamma_str(self, latex: bool) -> str:
+        g = self.gamma
+        if isinstance(g, Scalar):
+            return g.latex() if latex else g.name
+        return f"{float(g):g}"
+
+    def _gamma_symbols(self, out: list[Symbol]) -> list[Symbol]:
+        if isinstance(self.gamma, Scalar) and all(self.gamma is not o for o in out):
+            out.append(self.gamma)
+        return out
+
+    def _refuse_export(self) -> None:
+        raise NotDCPError(
+            f"{_REASON}, so it has no CVXPY (DCP) form", term=str(self),
+            hint="verify Gaussian-kernel objectives with the local reference (stationary points)",
+        )
+
+
+class GaussianKernel(_GammaMixin, Term):
+    """``S(r) = (1/(2γ)) exp(-γ||r||²)``; ``∇_r S = -e^{-γ||r||²} r``, ``Lip(∇_r S) = 1``."""
+
+    label = "Gaussian kernel"
+    base_curvature = "unknown"
+    smooth = True
+
+    def __init__(self, r: Any, gamma: float | Scalar = 1.0):
+        self.gamma = gamma
+        super().__init__(r)
+        self.gamma_value(None)
+
+    def check_shapes(self) -> None:
+        require_states(self.args, str(self))
+
+    def symbols(self) -> list[Symbol]:
+        return self._gamma_symbols(super().symbols())
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        g = self.gamma_value(env)
+        r = us[0]
+        return torch.exp(-g * (r * r).sum(dim=-1)) / (2.0 * g)
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        g = self.gamma_value(env)
+        r = us[0]
+        return [-torch.exp(-g * (r * r).sum(dim=-1, keepdim=True)) * r]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [1.0]
+
+    def raw_curvature(self) -> Curvature:
+        return Curvature("unknown", reason=_REASON)
+
+    def export(self, ctx: ExportContext) -> None:
+        self._refuse_export()
+
+    def raw_latex(self) -> str:
+        g = self._gamma_str(True)
+        two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
+        return f"\\frac{{1}}{{{two_g}}} e^{{-{g}\\|{single_arg(self).latex()}\\|^2}}"
+
+    def raw_str(self) -> str:
+        g = self._gamma_str(False)
+        return f"exp(-{g}·||{single_arg(self)}||²)/(2·{g})"
+
+
+class PatchGaussianKernel(_GammaMixin, Term):
+    """``(1/(2γ)) Σ_i exp(-γ||(x̃_i - z̃_i) W_h||²)`` over non-overlapping patches (module doc).
+
+    ``q`` and ``wz`` are affine expressions of the image size ``C·H·W`` (typically ``q = U x + b``
+    and ``wz = W @ z``); the term's single argument is ``r = q - wz``.  ``W_h`` is a Weight or
+    Constant (an array is wrapped into a Constant named ``W_h<k>``) of shape ``(C·patch², h)``.
+    ``image_shape`` is ``(C, H, W)`` (or ``(H, W)`` for one channel); ``None`` takes the shape of
+    the first 3-d state/input symbol of ``q``/``wz``."""
+
+    label = "patch Gaussian kernel"
+    base_curvature = "unknown"
+    smooth = True
+
+    def __init__(self, q: Any, wz: Any, gamma: float | Scalar, patch: int, W_h: Any,
+                 image_shape: tuple[int, ...] | None = None):
+        self.q: Affine = as_affine(q)
+        self.wz: Affine = as_affine(wz)
+        self.gamma = gamma
+        self.patch = int(patch)
+        self.W_h = W_h if isinstance(W_h, (Weight, Constant)) else _as_symbol(W_h, "W_h")
+        self.image_shape = self._image_shape(image_shape)
+        if self.q.size != self.wz.size:
+            raise ShapeError(
+                f"q has size {self.q.size} but Wz has size {self.wz.size}",
+                term=self._name(), hint="q and W z must both be images of shape (C, H, W)",
+            )
+        super().__init__(self.q - self.wz)
+        self.gamma_value(None)
+
+    def _name(self) -> str:
+        return f"PatchGaussianKernel({self.q}, {self.wz})"
+
+    def _image_shape(self, shape: tuple[int, ...] | None) -> tuple[int, int, int]:
+        if shape is None:
+            for a in (self.wz, self.q):
+                for s in a.symbols():
+                    if s.kind in ("state", "input") and len(s.shape) == 3:
+                        shape = s.shape
+                        break
+                if shape is not None:
+                    break
+            if shape is None:
+                raise ShapeError("cannot infer the image layout", term=self._name(),
+                                 hint="pass image_shape=(C, H, W)")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == 2:
+            shape = (1, *shape)
+        if len(shape) != 3 or any(s <= 0 for s in shape):
+            raise ShapeError(f"image_shape {shape} must be (C, H, W) with positive sizes",
+                             term=self._name())
+        return shape  # type: ignore[return-value]
+
+    def check_shapes(self) -> None:
+        require_states(self.args, str(self))
+        c, h, w = self.image_shape
+        p = self.patch
+        n = single_arg(self).size
+        if c * h * w != n:
+            raise ShapeError(
+                f"image_shape {self.image_shape} has {c * h * w} entries, q - Wz has {n}",
+                term=str(self),
+            )
+        if p <= 0 or h % p or w % p:
+            raise ShapeError(
+                f"patch size {p} does not divide the image height {h} and width {w}",
+                term=str(self), hint="choose a patch size that divides H and W",
+            )
+        if len(self.W_h.shape) != 2 or self.W_h.shape[0] != c * p * p:
+            raise ShapeError(
+                f"W_h has shape {self.W_h.shape}, expected ({c * p * p}, h) = (C·patch², h) "
+                f"for C = {c}, patch = {p}", term=str(self),
+            )
+
+    def symbols(self) -> list[Symbol]:
+        out = super().symbols()
+        if all(self.W_h is not o for o in out):
+            out.append(self.W_h)
+        return self._gamma_symbols(out)
+
+    @property
+    def n_patches(self) -> int:
+        _, h, w = self.image_shape
+        return (h // self.patch) * (w // self.patch)
+
+    def _wh(self, env: Env | None, like: torch.Tensor) -> torch.Tensor:
+        return self.W_h.resolve(env).to(dtype=like.dtype, device=like.device)
+
+    def patches(self, r: torch.Tensor) -> torch.Tensor:
+        """``(B, C·H·W) → (B, n_patches, C·patch²)`` (layout in the module docstring)."""
+        c, h, w = self.image_shape
+        p = self.patch
+        b = r.shape[0]
+        t = r.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+        return t.reshape(b, self.n_patches, c * p * p)
+
+    def unpatch(self, g: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`patches` (scatter patches back to the flat image layout)."""
+        c, h, w = self.image_shape
+        p = self.patch
+        b = g.shape[0]
+        t = g.reshape(b, h // p, w // p, c, p, p).permute(0, 3, 1, 4, 2, 5)
+        return t.reshape(b, c * h * w)
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        g = self.gamma_value(env)
+        y = self.patches(us[0]) @ self._wh(env, us[0])
+        return torch.exp(-g * (y * y).sum(dim=-1)).sum(dim=-1) / (2.0 * g)
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        g = self.gamma_value(env)
+        wh = self._wh(env, us[0])
+        y = self.patches(us[0]) @ wh  # (B, P, h)
+        e = torch.exp(-g * (y * y).sum(dim=-1, keepdim=True))
+        return [self.unpatch(-e * (y @ wh.transpose(0, 1)))]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        wh = self.W_h.resolve(env).detach().cpu().numpy().astype(np.float64)
+        return [0.9 * float(np.linalg.norm(wh, 2)) ** 2]
+
+    def raw_curvature(self) -> Curvature:
+        return Curvature("unknown", reason=_REASON)
+
+    def export(self, ctx: ExportContext) -> None:
+        self._refuse_export()
+
+    def raw_latex(self) -> str:
+        g = self._gamma_str(True)
+        two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
+        r = single_arg(self).latex()
+        return (f"\\frac{{1}}{{{two_g}}} \\sum_i e^{{-{g}\\|[{r}]_i\\, {self.W_h.latex()}\\|^2}}")
+
+    def raw_str(self) -> str:
+        g = self._gamma_str(False)
+        return (f"Σ_i exp(-{g}·||[{single_arg(self)}]_i {self.W_h.name}||²)/(2·{g})"
+                f" [{self.patch}×{self.patch} patches of {self.image_shape}]")

@@ -1,0 +1,102 @@
+"""Feature incay regularizer ``R(z) = 2 / (||z||² + 2ε)`` (MATH §4): smooth, NOT convex.
+
+Derivation (``s = ||u||²``, ``a = s + 2ε``):
+
+* gradient: ``∇R = -2·a⁻²·∇s = -4u / (||u||² + 2ε)²``.  It points towards the origin, so a
+  gradient step ``u - γ∇R = (1 + 4γ/a²) u`` *enlarges* the feature norm (which is what incay is
+  for).  The table printed in the paper has the opposite sign; this is the derived one.
+* Hessian: ``∇²R = -(4/a²) I + (16/a³) u uᵀ``.  Its eigenvalues are ``-4/a²`` (on ``u^⊥``) and
+  ``(12s - 8ε)/a³`` (along ``u``).  ``4/a² ≤ 4/(2ε)² = 1/ε²``; ``g(s) = (12s - 8ε)/(s + 2ε)³``
+  has ``|g(0)| = 1/ε²`` and its only positive stationary point at ``s = 2ε`` with
+  ``g(2ε) = 1/(4ε²)``, ``g → 0`` as ``s → ∞``.  Hence ``sup ||∇²R||₂ = 1/ε²`` (attained at
+  ``u = 0``), a global Lipschitz constant of ``∇R``.
+* curvature: ``∇²R(0) = -(1/ε²) I ≺ 0`` while along ``u`` the curvature is positive for
+  ``||u||² > 2ε/3``: neither convex nor concave.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..errors import NotDCPError, ScaleError
+from ..export import ExportContext
+from ..symbols import Env, Scalar, Symbol
+from .base import Curvature, Term, require_states, single_arg
+
+
+class FeatureIncay(Term):
+    """``R(u) = 2/(||u||² + 2ε)`` per sample; ``ε > 0`` a float or :class:`Scalar`.
+
+    Gradient ``-4u/(||u||²+2ε)²``, gradient Lipschitz bound ``1/ε²`` (module docstring).
+    Gradient step only (no prox); not DCP (export refused)."""
+
+    label = "feature incay"
+    base_curvature = "unknown"
+    smooth = True
+
+    def __init__(self, z: Any, eps: float | Scalar = 1.0):
+        self.eps = eps
+        super().__init__(z)
+        self.eps_value(None)
+
+    def check_shapes(self) -> None:
+        require_states(self.args, str(self))
+
+    def symbols(self) -> list[Symbol]:
+        out = super().symbols()
+        if isinstance(self.eps, Scalar) and all(self.eps is not o for o in out):
+            out.append(self.eps)
+        return out
+
+    def eps_value(self, env: Env | None = None) -> float:
+        """Current ``ε`` (must be positive and finite; ScaleError naming the term otherwise)."""
+        e = (self.eps.check(float(self.eps.resolve(env)), term=str(self))
+             if isinstance(self.eps, Scalar) else float(self.eps))
+        if not (math.isfinite(e) and e > 0):
+            raise ScaleError(f"ε = {e:g} must be positive", term=str(self),
+                             hint="feature incay needs ε > 0 (2/(||z||²+2ε) blows up at ε = 0)")
+        return e
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        u = us[0]
+        return 2.0 / ((u * u).sum(dim=-1) + 2.0 * self.eps_value(env))
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        u = us[0]
+        a = (u * u).sum(dim=-1, keepdim=True) + 2.0 * self.eps_value(env)
+        return [-4.0 * u / (a * a)]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [1.0 / self.eps_value(env) ** 2]
+
+    def raw_curvature(self) -> Curvature:
+        return Curvature(
+            "unknown",
+            reason="feature incay 2/(||z||²+2ε) is neither convex nor concave "
+            "(concave near z = 0, convex along z for ||z||² > 2ε/3)",
+        )
+
+    def export(self, ctx: ExportContext) -> None:
+        raise NotDCPError(
+            "the feature incay term is not convex, so it has no CVXPY (DCP) form", term=str(self),
+            hint="verify objectives with feature incay with the local reference (stationary "
+            "points, verify.check)",
+        )
+
+    def _eps_str(self, latex: bool) -> str:
+        if isinstance(self.eps, Scalar):
+            return self.eps.latex() if latex else self.eps.name
+        return f"{float(self.eps):g}"
+
+    def raw_latex(self) -> str:
+        e = self._eps_str(True)
+        e = f"2 \\cdot {e}" if not isinstance(self.eps, Scalar) else f"2{e}"
+        return f"\\frac{{2}}{{\\|{single_arg(self).latex()}\\|^2 + {e}}}"
+
+    def raw_str(self) -> str:
+        e = self._eps_str(False)
+        e = f"2·{e}" if not isinstance(self.eps, Scalar) else f"2{e}"
+        return f"2/(||{single_arg(self)}||² + {e})"

@@ -1,0 +1,143 @@
+"""Moreau envelope ``M_f^μ(v) = min_u f(u) + ||u - v||²/(2μ)`` of a term or an objective."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+
+from ..errors import LoweringError, ScaleError, ShapeError
+from ..export import ExportContext
+from ..symbols import Env, Scalar, State, Symbol, scalar_value
+from .base import Curvature, Term
+
+_ids = itertools.count()
+
+
+class MoreauEnvelope(Term):
+    """``M_f^μ``: smooth with ``∇ = (v - prox_{μf}(v))/μ`` (Lipschitz ``1/μ``), convex if ``f`` is;
+    ``prox_{λM_f^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)f}(x) - x)``."""
+
+    label = "Moreau envelope"
+    smooth = True
+
+    def __init__(self, inner: Any, mu: float | Scalar = 1.0):
+        from ..objective import Objective
+
+        self.inner = inner if isinstance(inner, Objective) else Objective([inner])
+        self.mu = mu
+        states = self.inner.states
+        if len(states) != 1:
+            raise ShapeError(
+                f"Moreau envelope of a function of {len(states)} state blocks",
+                term=f"M[{self.inner}]", hint="take the envelope of each block's function",
+            )
+        if scalar_value(mu) <= 0:
+            raise ScaleError(f"μ = {scalar_value(mu)} must be > 0", term=f"M[{self.inner}]")
+        super().__init__(states[0])
+
+    @property
+    def state(self) -> Symbol:
+        return self.inner.states[0]
+
+    def mu_value(self, env: Env | None = None) -> float:
+        mu = scalar_value(self.mu, env)
+        if mu <= 0:
+            raise ScaleError(f"μ = {mu} must be > 0", term=str(self))
+        return mu
+
+    def symbols(self) -> list[Symbol]:
+        out = list(self.inner.symbols)
+        if isinstance(self.mu, Scalar) and all(self.mu is not s for s in out):
+            out.append(self.mu)
+        return out
+
+    # ---------------------------------------------------------------- numerics
+    def inner_prox(self, v: torch.Tensor, t: float, values: dict, env: Env | None
+                   ) -> torch.Tensor:
+        return self.inner.prox(v, t, values, env)
+
+    def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
+        mu = self.mu_value(env)
+        v = values[self.state.name]
+        p = self.inner_prox(v, mu, values, env)
+        vals = {**values, self.state.name: p}
+        fv = self.inner.value_tensor(vals, env)
+        return self.coef(env) * (fv + ((p - v) ** 2).sum(-1) / (2 * mu))
+
+    def grad(self, values: dict, env: Env | None = None) -> dict[str, torch.Tensor]:
+        mu = self.mu_value(env)
+        v = values[self.state.name]
+        p = self.inner_prox(v, mu, values, env)
+        return {self.state.name: self.coef(env) * (v - p) / mu}
+
+    def grad_lipschitz(self, env: Env | None = None) -> float:
+        return abs(self.coef(env)) / self.mu_value(env)
+
+    @property
+    def has_prox(self) -> bool:
+        return True
+
+    def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None,
+             values: dict | None = None) -> torch.Tensor:
+        """``prox_{λ M_f^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)f}(x) - x)``, ``λ = t·coef``."""
+        lam = t * self.coef(env)
+        if lam <= 0:
+            raise ScaleError("prox needs a positive coefficient", term=str(self))
+        mu = self.mu_value(env)
+        return v + lam / (mu + lam) * (self.inner_prox(v, mu + lam, values or {}, env) - v)
+
+    # ---------------------------------------------------------------- structure
+    def raw_curvature(self) -> Curvature:
+        cert = self.inner.certificate_structure()
+        if cert.kind == "convex":
+            return Curvature("convex", list(cert.conditions), "Moreau envelope of a convex function")
+        return Curvature("unknown", [], f"envelope of a non-convex function ({cert.reason})")
+
+    # ---------------------------------------------------------------- export
+    def declare(self, ctx: ExportContext) -> None:
+        """Auxiliary ``u`` (the inner minimizer); the inner terms are declared on ``u``."""
+        self._aux = State(f"{self.state.name}_env{next(_ids)}", self.state.shape)
+        ctx.add_state(self._aux)
+        with ctx.aliased({self.state.name: self._aux.name}):
+            for t in self.inner.terms:
+                if hasattr(t, "declare"):
+                    t.declare(ctx)
+
+    def export(self, ctx: ExportContext) -> None:
+        """``c·[f(u) + ||u - v||²/(2μ)]``, jointly convex in (u, v) when f is convex."""
+        from .quadratic import SqNorm
+
+        c = self.coef(ctx.env)
+        mu = self.mu_value(ctx.env)
+        with ctx.aliased({self.state.name: self._aux.name}):
+            for t in self.inner.terms:
+                scaled = t * c
+                for qp in scaled.quad_parts(ctx.env):
+                    ctx.add_quadratic(qp.coef if qp.u2 is not None else qp.coef, qp.u1, qp.u2,
+                                      qp.source)
+                scaled.export(ctx)
+        diff = self._aux - self.state
+        ctx.add_quadratic(c / mu, diff, None, source=f"{self} (coupling ||u - v||²/2μ)")
+        _ = SqNorm  # the coupling is a squared norm collected into the PSD form
+
+    # ---------------------------------------------------------------- printing
+    def _mu_str(self) -> str:
+        return self.mu.name if isinstance(self.mu, Scalar) else f"{self.mu:g}"
+
+    def raw_latex(self) -> str:
+        mu = self.mu.latex() if isinstance(self.mu, Scalar) else f"{self.mu:g}"
+        return f"M^{{{mu}}}_{{{self.inner.latex()}}}({self.state.latex()})"
+
+    def raw_str(self) -> str:
+        return f"M^{self._mu_str()}[{self.inner}]({self.state.name})"
+
+
+def moreau(inner: Any, mu: float | Scalar = 1.0) -> MoreauEnvelope:
+    """``M_f^μ`` of a term or objective."""
+    return MoreauEnvelope(inner, mu)
+
+
+_ = math

@@ -1,0 +1,206 @@
+"""Activation terms: the potential ``Σ f_σ(u)`` (prox = σ), the antiderivative ``Σ σ̃(u)`` and
+its conjugate ``Σ σ̃*(u) = Σ f_σ(u) + ½||u||²`` (MATH §1)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..activations import Activation, get_activation
+from ..errors import NotDCPError
+from ..export import ExportContext
+from ..symbols import Env
+from .base import Curvature, StrongConvexity, Term, single_arg
+
+
+def act_latex(act: Activation) -> str:
+    """LaTeX name of an activation, e.g. ``\\operatorname{relu}``."""
+    name = act.name.replace("_", "\\_")
+    return f"\\operatorname{{{name}}}"
+
+
+_sig = act_latex
+
+
+def _activation(act: Any) -> Activation:
+    return get_activation(act) if isinstance(act, str) else act
+
+
+_SMOOTH_POTENTIAL_LIP = {"identity": lambda a: 0.0, "leaky_relu": lambda a: 1.0 / a.slope - 1.0}
+
+
+class _ActivationTerm(Term):
+    def __init__(self, act: Any, u: Any):
+        self.act = _activation(act)
+        super().__init__(u)
+
+    def _arg_str(self) -> str:
+        return str(single_arg(self))
+
+    def _arg_latex(self) -> str:
+        return single_arg(self).latex()
+
+
+class Potential(_ActivationTerm):
+    """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (MATH §1)."""
+
+    label = "activation potential"
+    base_curvature = "convex"
+
+    @property
+    def smooth(self) -> bool:  # type: ignore[override]
+        return self.act.name in _SMOOTH_POTENTIAL_LIP
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        return self.act.potential(us[0]).sum(dim=-1)
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        return [self.act.potential_grad(us[0])]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        f = _SMOOTH_POTENTIAL_LIP.get(self.act.name)
+        return [math.inf if f is None else f(self.act)]
+
+    def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        return self.act.prox(v, t)
+
+    def strong_convexity(self) -> StrongConvexity | None:
+        s = self.prox_state
+        if s is None or self.coef_sign() < 0 or self.scalars:
+            return None
+        m = self.scale * (1.0 / self.act.lipschitz - 1.0)
+        return StrongConvexity(s, m) if m > 0 else None
+
+    def conjugate(self) -> Term:
+        if self.prox_state is None or self.scalars:
+            return super().conjugate()
+        return self.scale * PotentialConjugate(self.act, single_arg(self), self.scale)
+
+    def export(self, ctx: ExportContext) -> None:
+        c = self.coef(ctx.env)
+        if c < 0:
+            raise NotDCPError("negative multiple of a convex potential", term=str(self))
+        u = single_arg(self)
+        quad, expr, cons = self.act.cvxpy_split(ctx.expr(u))
+        if quad != 0:
+            ctx.add_quadratic(c * quad, u, None, source=f"{self} (-½u² part of f_σ)")
+        ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
+
+    def raw_latex(self) -> str:
+        return f"\\sum_j f_{{{_sig(self.act)}}}\\big({self._arg_latex()}\\big)"
+
+    def raw_str(self) -> str:
+        return f"Σ f_{self.act.name}({self._arg_str()})"
+
+
+class PotentialConjugate(_ActivationTerm):
+    """``(c·Σ f_σ)*(y) = c Σ f_σ*(y/c)``: closed-form conjugate of a potential."""
+
+    label = "conjugate potential"
+    base_curvature = "convex"
+    smooth = False
+
+    def __init__(self, act: Any, u: Any, c: float = 1.0):
+        self.c = float(c)
+        super().__init__(act, u)
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        return self.act.conjugate_potential(us[0] / self.c).sum(dim=-1)
+
+    def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        # prox_{t·f*(·/c)}(v) = c·prox_{(t/c²) f*}(v/c)
+        return self.c * self.act.prox_conjugate(v / self.c, t / self.c**2)
+
+    def conjugate(self) -> Term:
+        return Potential(self.act, single_arg(self)) * self.c
+
+    def raw_latex(self) -> str:
+        return f"\\sum_j f_{{{_sig(self.act)}}}^*\\big({self._arg_latex()}\\big)"
+
+    def raw_str(self) -> str:
+        return f"Σ f*_{self.act.name}({self._arg_str()})"
+
+
+class Antiderivative(_ActivationTerm):
+    """``Σ_j σ̃(u_j)``, ``σ̃(a) = ∫_0^a σ``: convex, smooth, ``∇ = Aᵀσ(u)``, Lipschitz ``L_σ||A||²``."""
+
+    label = "activation antiderivative"
+    base_curvature = "convex"
+    smooth = True
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        return self.act.antiderivative(us[0]).sum(dim=-1)
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        return [self.act.sigma(us[0])]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [self.act.lipschitz]
+
+    def grad_text(self, latex: bool = False) -> list[str | None]:
+        u = single_arg(self)
+        if latex:
+            return [f"{_sig(self.act)}({u.latex()})"]
+        return [f"{self.act.name}({u})"]
+
+    def conjugate(self) -> Term:
+        from .conjugate import SeparableAffineConjugate
+
+        if self.scalars or self.scale <= 0:
+            return super().conjugate()
+        if self.prox_state is not None:
+            return self.scale * AntiderivativeConjugate(self.act, single_arg(self) * (1 / self.scale))
+        return SeparableAffineConjugate.from_antiderivative(self)
+
+    def raw_latex(self) -> str:
+        return f"\\sum_j \\widetilde{{{_sig(self.act)}}}\\big({self._arg_latex()}\\big)"
+
+    def raw_str(self) -> str:
+        return f"Σ ∫{self.act.name}({self._arg_str()})"
+
+
+class AntiderivativeConjugate(_ActivationTerm):
+    """``Σ_j σ̃*(u_j) = Σ f_σ(u_j) + ½||u||²``: convex, (1/L_σ)-strongly convex, DCP for registry σ."""
+
+    label = "conjugate antiderivative"
+    base_curvature = "convex"
+    smooth = False
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        return self.act.antiderivative_conjugate(us[0]).sum(dim=-1)
+
+    def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        # prox_{t(f + ½u²)}(v) = prox_{t/(1+t) f}(v/(1+t))
+        return self.act.prox(v / (1.0 + t), t / (1.0 + t))
+
+    def strong_convexity(self) -> StrongConvexity | None:
+        s = self.prox_state
+        if s is None or self.coef_sign() < 0 or self.scalars:
+            return None
+        return StrongConvexity(s, self.scale / self.act.lipschitz)
+
+    def conjugate(self) -> Term:
+        if self.prox_state is None or self.scalars:
+            return super().conjugate()
+        return self.scale * Antiderivative(self.act, single_arg(self) * (1 / self.scale))
+
+    def export(self, ctx: ExportContext) -> None:
+        c = self.coef(ctx.env)
+        if c < 0:
+            raise NotDCPError("negative multiple of a convex term", term=str(self))
+        u = single_arg(self)
+        quad, expr, cons = self.act.cvxpy_split(ctx.expr(u))
+        ctx.add_quadratic(c * (quad + 1.0), u, None, source=f"{self} (quadratic part)")
+        ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
+
+    def raw_latex(self) -> str:
+        return f"\\sum_j \\tilde{{{_sig(self.act)}}}^*\\big({self._arg_latex()}\\big)"
+
+    def raw_str(self) -> str:
+        return f"Σ (∫{self.act.name})*({self._arg_str()})"
+
+
+def _is_zero(e: Any) -> bool:
+    return isinstance(e, (int, float)) and e == 0

@@ -1,0 +1,164 @@
+"""Quadratic and linear terms: ``½||u||²`` (incl. ``½||Wz||²``), ``½ zᵀQz`` and ``<w, u>``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..affine import Affine, as_affine
+from ..errors import ShapeError
+from ..export import ExportContext
+from ..symbols import Constant, Env, Weight
+from .base import Condition, Curvature, QuadPart, Term, batch_dot, single_arg
+
+
+class SqNorm(Term):
+    """``½||u||²``: convex, ``∇ = Aᵀu``, prox ``v/(1+t)`` on a state, self-conjugate."""
+
+    label = "squared norm"
+    base_curvature = "convex"
+    smooth = True
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        return 0.5 * (us[0] * us[0]).sum(dim=-1)
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        return [us[0]]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [1.0]
+
+    def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        return v / (1.0 + t)
+
+    def grad_text(self, latex: bool = False) -> list[str | None]:
+        u = single_arg(self)
+        return [u.latex() if latex else str(u)]
+
+    def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        return [QuadPart(self.coef(env), single_arg(self), None, str(self))]
+
+    def conjugate(self) -> Term:
+        if self.prox_state is None or self.scalars or self.scale <= 0:
+            return super().conjugate()
+        return SqNorm(single_arg(self)) * (1.0 / self.scale)
+
+    def export(self, ctx: ExportContext) -> None:
+        """Nothing here: the quadratic part is exported through the collected PSD form."""
+
+    def raw_latex(self) -> str:
+        return f"\\tfrac12\\big\\|{single_arg(self).latex()}\\big\\|^2"
+
+    def raw_str(self) -> str:
+        return f"½||{single_arg(self)}||²"
+
+
+class Linear(Term):
+    """``<w, u>`` with ``w`` state-free (e.g. ``q = Ux + b``): affine, ``∇_u = w``."""
+
+    label = "linear"
+    base_curvature = "affine"
+    smooth = True
+
+    def __init__(self, w: Any, u: Any):
+        w = as_affine(w)
+        if w.states():
+            raise ShapeError("the coefficient of a linear term must not depend on the state",
+                             term=f"<{w}, {u}>", hint="use a quadratic or coupling term instead")
+        super().__init__(w, u)
+
+    def check_shapes(self) -> None:
+        w, u = self.args
+        if w.size != u.size:
+            raise ShapeError(f"sizes differ: {w} has {w.size}, {u} has {u.size}",
+                             term=f"<{w}, {u}>")
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        return batch_dot(us[0], us[1])
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        return [None, us[0]]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [0.0, 0.0]
+
+    def grad_text(self, latex: bool = False) -> list[str | None]:
+        w = self.args[0]
+        return [None, w.latex() if latex else str(w)]
+
+    def export(self, ctx: ExportContext) -> None:
+        ctx.add_linear(self.coef(ctx.env), self.args[0], self.args[1], source=str(self))
+
+    def raw_latex(self) -> str:
+        return f"\\langle {self.args[0].latex()}, {self.args[1].latex()}\\rangle"
+
+    def raw_str(self) -> str:
+        return f"<{self.args[0]}, {self.args[1]}>"
+
+
+class QuadraticForm(Term):
+    """``½ zᵀQz`` with symmetric ``Q`` (weight or constant): convex iff ``Q ⪰ 0``."""
+
+    label = "quadratic form"
+    base_curvature = "convex"
+    smooth = True
+
+    def __init__(self, Q: Any, z: Any):
+        if not isinstance(Q, (Weight, Constant)):
+            Q = Constant(f"Q_{id(Q) % 10000}", Q)
+        self.Q = Q
+        super().__init__(z)
+
+    def check_shapes(self) -> None:
+        u = single_arg(self)
+        if self.Q.shape != (u.size, u.size):
+            raise ShapeError(f"Q has shape {self.Q.shape}, argument {u} has size {u.size}",
+                             term=str(self))
+        q = self.Q.resolve(None)
+        if not torch.allclose(q, q.T, atol=1e-10, rtol=1e-10):
+            raise ShapeError("Q is not symmetric", term=str(self), hint="pass (Q + Qᵀ)/2")
+
+    def _mat(self, env: Env | None) -> torch.Tensor:
+        return self.Q.resolve(env)
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        u = us[0]
+        return 0.5 * batch_dot(u, u @ self._mat(env).to(u))
+
+    def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        return [us[0] @ self._mat(env).to(us[0])]
+
+    def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        return [float(np.abs(np.linalg.eigvalsh(self._mat(env).detach().cpu().numpy())).max())]
+
+    def raw_curvature(self) -> Curvature:
+        def eigmin(env: Env | None) -> float:
+            return float(np.linalg.eigvalsh(self._mat(env).detach().cpu().numpy()).min())
+
+        cond = Condition(f"λ_min({self.Q.name}) ≥ 0", f"\\lambda_{{\\min}}({self.Q.latex()}) \\ge 0",
+                         eigmin, 0.0, ">=")
+        return Curvature("convex", [cond])
+
+    def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        from ..operators import Dense
+
+        u = single_arg(self)
+        return [QuadPart(0.5 * self.coef(env), u, as_affine(u).map(Dense(self.Q)), str(self))]
+
+    def export(self, ctx: ExportContext) -> None:
+        """Nothing here: exported through the collected PSD form."""
+
+    def raw_latex(self) -> str:
+        u = single_arg(self).latex()
+        return f"\\tfrac12 ({u})^\\top {self.Q.latex()} ({u})"
+
+    def raw_str(self) -> str:
+        u = single_arg(self)
+        return f"½({u})ᵀ{self.Q.name}({u})"
+
+
+def gram(op: Any, z: Any) -> Affine:
+    """``op z`` as an affine expression (helper for ``½||Wz||²``)."""
+    return as_affine(z).map(op)

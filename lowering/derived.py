@@ -1,0 +1,131 @@
+"""A derived equilibrium layer: ``T`` as an expression, its derivation, claim and contraction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from convex_eq.affine import values_from
+from convex_eq.errors import ShapeError
+from convex_eq.symbols import Env, Symbol, as_tensor
+
+from .nodes import Node
+from .trace import Claim, Contraction, Derivation
+
+
+@dataclass
+class DerivedLayer:
+    """``z = T(z, x)`` derived from a hidden objective.
+
+    ``nodes[b]`` is the update of block ``b`` (all blocks are updated from the same old state).
+    ``is_prox`` says whether ``T`` is exactly ``prox_φ`` of the lowered objective (needed by
+    edits such as the Moreau skip rule to keep their exact claims)."""
+
+    source: Any
+    blocks: list[Symbol]
+    nodes: dict[str, Node]
+    derivation: Derivation
+    claim: Claim
+    contraction: Contraction
+    is_prox: bool = False
+    certificate: Any = None
+    regularizers: list[Any] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ symbols
+    @property
+    def symbols(self) -> list[Symbol]:
+        src = self.source
+        syms = src.symbols if hasattr(src, "symbols") else []
+        return list(syms)
+
+    @property
+    def inputs(self) -> list[Symbol]:
+        return [s for s in self.symbols if s.kind == "input"]
+
+    @property
+    def parameters(self) -> list[Symbol]:
+        """Weights, constants and scalars the layer depends on."""
+        return [s for s in self.symbols if s.kind in ("weight", "constant", "scalar")]
+
+    @property
+    def state_size(self) -> int:
+        return sum(b.size for b in self.blocks)
+
+    # ------------------------------------------------------------------ evaluation
+    def apply(self, Z: Mapping[str, torch.Tensor], env: Env | None = None
+              ) -> dict[str, torch.Tensor]:
+        """One application of ``T`` to flat batched block values (inputs also in ``Z``)."""
+        return {b.name: self.nodes[b.name].eval(Z, env) for b in self.blocks}
+
+    def split(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Flat stacked state ``(B, N)`` → per-block dict."""
+        out, o = {}, 0
+        for b in self.blocks:
+            out[b.name] = z[:, o:o + b.size]
+            o += b.size
+        return out
+
+    def stack(self, Z: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([Z[b.name] for b in self.blocks], dim=-1)
+
+    def T(self, **kwargs: Any) -> Any:
+        """User-facing ``T(z, x)``: pass blocks and inputs by name (numpy or torch)."""
+        known = {s.name: s for s in [*self.blocks, *self.symbols]}
+        for k in kwargs:
+            if k not in known:
+                raise ShapeError(f"unknown name '{k}'", term="T",
+                                 hint=f"known: {', '.join(sorted(known))}")
+        vals = values_from([*self.blocks, *self.inputs], kwargs)
+        env = {k: as_tensor(v) for k, v in kwargs.items()
+               if known[k].kind in ("weight", "constant", "scalar")}
+        out = self.apply(vals, env)
+        torch_in = any(isinstance(kwargs[b.name], torch.Tensor) for b in self.blocks)
+        res = {k: (v if torch_in else v.detach().cpu().numpy()) for k, v in out.items()}
+        return res[self.blocks[0].name] if len(self.blocks) == 1 else res
+
+    # ------------------------------------------------------------------ printing
+    def formula(self, latex: bool = False) -> str:
+        parts = []
+        for b in self.blocks:
+            n = self.nodes[b.name]
+            parts.append(f"{b.latex()} = {n.latex()}" if latex else f"{b.name} ← {n.text()}")
+        return (",\\\\ ".join(parts)) if latex else "\n".join(parts)
+
+    def describe(self, env: Env | None = None) -> str:
+        """Derivation, layer, claim, certificate and contraction as plain text."""
+        lines = [f"objective: {self.source}", "derivation:", self.derivation.text(),
+                 "layer:", *("  " + ln for ln in self.formula().splitlines()),
+                 f"claim: {self.claim}"]
+        if self.certificate is not None:
+            lines.append(f"certificate: {self.certificate.long_text()}")
+        lines.append(f"contraction: {self.contraction.describe(env)}")
+        return "\n".join(lines)
+
+    def latex(self) -> str:
+        """The derivation and the layer in LaTeX."""
+        return (f"{self.derivation.latex()}\n\\[\n{self.formula(latex=True)}\n\\]\n"
+                f"\\text{{claim: {self.claim.kind}}}\\; {self.claim.latex}")
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    # ------------------------------------------------------------------ emission
+    def torch_module(self, **options: Any) -> torch.nn.Module:
+        """Emit a trainable ``nn.Module`` (see ``lowering.module.EquilibriumModule``)."""
+        backend = options.pop("backend", "fixed_point")
+        if backend == "cvxpylayers":
+            from .cvxpylayer import CvxpyLayerModule
+
+            return CvxpyLayerModule(self, **options)
+        if backend != "fixed_point":
+            from convex_eq.errors import OptionError
+
+            raise OptionError(f"unknown backend {backend!r}", term="torch_module",
+                              hint="use 'fixed_point' or 'cvxpylayers'")
+        from .module import EquilibriumModule
+
+        return EquilibriumModule(self, **options)

@@ -1,0 +1,273 @@
+"""Expression nodes of a derived fixed-point operator ``T`` (closed-form torch, printable).
+
+A node evaluates on ``Z`` (dict block name → flat batched tensor, plus the inputs) and ``env``
+(weights); it prints as plain text and LaTeX and bounds its Lipschitz constant in the state.
+"""
+
+from __future__ import annotations
+
+from convex_eq.terms.potential import act_latex as _sig
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from convex_eq.symbols import Env, Symbol
+from convex_eq.terms.base import Term
+
+Z_t = Mapping[str, torch.Tensor]
+
+
+class Node:
+    """A closed-form sub-expression of ``T``."""
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__}.eval")
+
+    def lip(self, env: Env | None) -> float:
+        """Upper bound on the Lipschitz constant with respect to the stacked state."""
+        return math.inf
+
+    def text(self) -> str:
+        return type(self).__name__
+
+    def latex(self) -> str:
+        return self.text()
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+class Var(Node):
+    """The current value of a state block."""
+
+    def __init__(self, block: Symbol):
+        self.block = block
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        return Z[self.block.name]
+
+    def lip(self, env: Env | None) -> float:
+        return 1.0
+
+    def text(self) -> str:
+        return self.block.name
+
+    def latex(self) -> str:
+        return self.block.latex()
+
+
+class Sigma(Node):
+    """``σ(inner)`` elementwise."""
+
+    def __init__(self, act: Any, inner: Node):
+        self.act, self.inner = act, inner
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        return self.act.sigma(self.inner.eval(Z, env))
+
+    def lip(self, env: Env | None) -> float:
+        return self.act.lipschitz * self.inner.lip(env)
+
+    def text(self) -> str:
+        return f"{self.act.name}({self.inner.text()})"
+
+    def latex(self) -> str:
+        return f"{_sig(self.act)}\\big({self.inner.latex()}\\big)"
+
+
+def _term_grad_text(term: Term, block: Symbol, sign: float, latex: bool) -> str:
+    """Text of ``sign·∇_block term`` from the term's own gradient rule."""
+    parts = []
+    c = sign * term.scale
+    sc = "".join(("" if not latex else "") + (s.latex() if latex else s.name) + " "
+                 for s in term.scalars)
+    inner = term.grad_text(latex) if hasattr(term, "grad_text") else None
+    for k, a in enumerate(term.args):
+        g = None if inner is None else inner[k]
+        if g is None:
+            continue
+        for e in a.entries:
+            if e.symbol is not block:
+                continue
+            cc = c * e.coef
+            if e.op is None:
+                body = g
+            else:
+                adj = (f"{e.op.latex()}^\\top" if latex else f"{e.op}ᵀ")
+                body = f"{adj}({g})"
+            coef = "" if cc == 1.0 else ("-" if cc == -1.0 else f"{cc:g}·")
+            parts.append(f"{coef}{sc}{body}")
+    if not parts:
+        name = term.latex() if latex else str(term)
+        return (f"\\nabla_{{{block.latex()}}}[{name}]" if latex else f"∇_{block.name}[{name}]") \
+            if sign > 0 else (f"-\\nabla_{{{block.latex()}}}[{name}]" if latex
+                              else f"-∇_{block.name}[{name}]")
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+class GradSum(Node):
+    """``sign · Σ_k ∇_block h_k(Z)``: gradients from the terms' closed-form rules."""
+
+    def __init__(self, terms: list[Term], block: Symbol, sign: float = -1.0,
+                 at: Mapping[str, Node] | None = None):
+        self.terms = [t for t in terms if any(s is block for s in t.states())]
+        self.block, self.sign = block, sign
+        self.at = dict(at or {})
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        vals = dict(Z)
+        for k, n in self.at.items():
+            vals[k] = n.eval(Z, env)
+        out = None
+        for t in self.terms:
+            g = t.grad(vals, env).get(self.block.name)
+            if g is None:
+                continue
+            out = g if out is None else out + g
+        if out is None:
+            return torch.zeros_like(Z[self.block.name])
+        return self.sign * out
+
+    def lip(self, env: Env | None) -> float:
+        inner = max([n.lip(env) for n in self.at.values()], default=1.0)
+        return sum(t.grad_lipschitz(env) for t in self.terms) * inner
+
+    def text(self) -> str:
+        s = " + ".join(_term_grad_text(t, self.block, self.sign, False) for t in self.terms)
+        return (s.replace("+ -", "- ") or "0") + _at_text(self.at, False)
+
+    def latex(self) -> str:
+        s = " + ".join(_term_grad_text(t, self.block, self.sign, True) for t in self.terms)
+        return (s.replace("+ -", "- ") or "0") + _at_text(self.at, True)
+
+
+def _at_text(at: Mapping[str, Node], latex: bool) -> str:
+    if not at:
+        return ""
+    inner = ", ".join(f"{k} = {n.latex() if latex else n.text()}" for k, n in at.items())
+    return f"\\big|_{{{inner}}}" if latex else f" |_({inner})"
+
+
+class Prox(Node):
+    """``prox_{t·g}(inner)`` with g a term or objective with a closed-form prox."""
+
+    def __init__(self, g: Any, inner: Node, t: float = 1.0, text: str | None = None,
+                 latex: str | None = None):
+        self.g, self.inner, self.t = g, inner, t
+        self._text, self._latex = text, latex
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        v = self.inner.eval(Z, env)
+        from convex_eq.objective import Objective
+
+        if isinstance(self.g, Objective):
+            return self.g.prox(v, self.t, Z, env)
+        return self.g.prox(v, self.t, env)
+
+    def lip(self, env: Env | None) -> float:
+        return self.inner.lip(env)  # a prox of a convex function is nonexpansive
+
+    def text(self) -> str:
+        name = self._text or str(self.g)
+        t = "" if self.t == 1.0 else f"{self.t:g}·"
+        return f"prox_{{{t}{name}}}({self.inner.text()})"
+
+    def latex(self) -> str:
+        name = self._latex or self.g.latex()
+        t = "" if self.t == 1.0 else f"{self.t:g}"
+        return f"\\mathrm{{prox}}_{{{t}{name}}}\\big({self.inner.latex()}\\big)"
+
+
+class Combo(Node):
+    """``Σ c_k node_k`` (e.g. the skip connection ``α T(z) + (1-α) z``)."""
+
+    def __init__(self, parts: list[tuple[float, Node]]):
+        self.parts = parts
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        out = None
+        for c, n in self.parts:
+            v = n.eval(Z, env)
+            v = v if c == 1.0 else c * v
+            out = v if out is None else out + v
+        return out
+
+    def lip(self, env: Env | None) -> float:
+        return sum(abs(c) * n.lip(env) for c, n in self.parts)
+
+    def _fmt(self, latex: bool) -> str:
+        items = []
+        for c, n in self.parts:
+            s = n.latex() if latex else n.text()
+            items.append(s if c == 1.0 else f"{c:g}{' ' if latex else '·'}({s})")
+        return " + ".join(items).replace("+ -", "- ")
+
+    def text(self) -> str:
+        return self._fmt(False)
+
+    def latex(self) -> str:
+        return self._fmt(True)
+
+
+class Substitute(Node):
+    """``node`` evaluated with block ``b`` replaced by ``inner`` (composition ``f(g(z))``)."""
+
+    def __init__(self, node: Node, block: Symbol, inner: Node):
+        self.node, self.block, self.inner = node, block, inner
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        vals = dict(Z)
+        vals[self.block.name] = self.inner.eval(Z, env)
+        return self.node.eval(vals, env)
+
+    def lip(self, env: Env | None) -> float:
+        return self.node.lip(env) * self.inner.lip(env)
+
+    def text(self) -> str:
+        return f"[{self.node.text()}]_({self.block.name} ← {self.inner.text()})"
+
+    def latex(self) -> str:
+        return (f"\\big[{self.node.latex()}\\big]_{{{self.block.latex()} \\leftarrow "
+                f"{self.inner.latex()}}}")
+
+
+class Named(Node):
+    """A node shown under a short name (e.g. ``f_1``) while evaluating the full expression."""
+
+    def __init__(self, name: str, latex_name: str, node: Node, arg: Node | None = None):
+        self.name, self.latex_name, self.node, self.arg = name, latex_name, node, arg
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        return self.node.eval(Z, env)
+
+    def lip(self, env: Env | None) -> float:
+        return self.node.lip(env)
+
+    def text(self) -> str:
+        return f"{self.name}({self.arg.text()})" if self.arg is not None else self.name
+
+    def latex(self) -> str:
+        return (f"{self.latex_name}({self.arg.latex()})" if self.arg is not None
+                else self.latex_name)
+
+
+class LinearMap(Node):
+    """``c·A(inner) + b`` for a linear operator ``A`` (and optional inverse)."""
+
+    def __init__(self, apply: Any, inner: Node, text: str, latex: str, lip: float):
+        self._apply, self.inner, self._text, self._latex, self._lip = apply, inner, text, latex, lip
+
+    def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
+        return self._apply(self.inner.eval(Z, env), env)
+
+    def lip(self, env: Env | None) -> float:
+        return self._lip * self.inner.lip(env)
+
+    def text(self) -> str:
+        return self._text.replace("◊", self.inner.text())
+
+    def latex(self) -> str:
+        return self._latex.replace("◊", self.inner.latex())

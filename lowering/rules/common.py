@@ -1,0 +1,48 @@
+"""Helpers shared by the lowering rules: claims from certificates, Lipschitz formulas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convex_eq.certificate import Certificate, certify
+from convex_eq.symbols import Env
+from convex_eq.terms.base import Term
+from convex_eq.terms.quadratic import SqNorm
+
+from ..trace import Claim
+
+
+def claim_from_certificate(obj: Any, cert: Certificate, what: str, kind_if_convex: str = "minimizer"
+                           ) -> Claim:
+    """"minimizer of G" when certified convex (with its condition), else "stationary point"."""
+    if cert.kind == "convex":
+        return Claim(kind_if_convex, f"{what}", objective_text=str(obj))
+    if cert.kind == "conditional":
+        conds = [c.text for c in cert.conditions]
+        return Claim(kind_if_convex, f"{what}", objective_text=str(obj), conditions=conds)
+    return Claim("stationary point", f"{what.replace('minimizer', 'stationary point')} "
+                 f"(not convex: {cert.reason})", objective_text=str(obj))
+
+
+def certificate(obj: Any, env: Env | None = None) -> Certificate:
+    return certify(obj, env)
+
+
+def lip_text(term: Term) -> str:
+    """Short formula for ``Lip(∇term)`` (``||W||₂²`` for ``½||Wz||²``)."""
+    if isinstance(term, SqNorm):
+        a = term.args[0]
+        sp = a.state_part
+        if sp is not None and len(sp.entries) == 1:
+            e = sp.entries[0]
+            c = abs(term.scale * e.coef * e.coef)
+            pre = "" if c == 1.0 else f"{c:g}·"
+            return f"{pre}||{e.op}||₂²" if e.op is not None else (f"{c:g}" if c != 1 else "1")
+    if term.smooth and term.grad_lipschitz(None) == 0.0:
+        return ""
+    return f"Lip∇[{term}]"
+
+
+def sum_lip_text(terms: list[Term]) -> str:
+    parts = [p for p in (lip_text(t) for t in terms) if p]
+    return " + ".join(parts) if parts else "0"

@@ -1,0 +1,70 @@
+"""Generic fallback (MATH §3): ``G = g + h``, ``g`` prox-able, ``h`` smooth with ``L``-Lipschitz
+gradient ⇒ ``z = prox_{τg}(z - τ∇h(z))``, ``τ ∈ (0, 2/L)`` (default ``1/L``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from convex_eq.errors import LoweringError
+from convex_eq.objective import Objective
+from convex_eq.terms.base import Term
+
+from ..derived import DerivedLayer
+from ..nodes import Combo, GradSum, Prox, Var
+from ..trace import Contraction, Derivation, Step
+from .common import certificate, claim_from_certificate, sum_lip_text
+
+
+@dataclass
+class FBMatch:
+    g: Term
+    h: list[Term]
+
+
+def match(obj: Any) -> FBMatch | None:
+    if not isinstance(obj, Objective) or len(obj.states) != 1:
+        return None
+    nonsmooth = [t for t in obj.terms if not t.smooth]
+    smooth = [t for t in obj.terms if t.smooth]
+    if len(nonsmooth) != 1 or not nonsmooth[0].has_prox or not smooth:
+        return None
+    return FBMatch(nonsmooth[0], smooth)
+
+
+def lower(m: FBMatch, obj: Objective, tau: float | None = None) -> DerivedLayer:
+    z = obj.states[0]
+    lip = sum(t.grad_lipschitz(None) for t in m.h)
+    if not math.isfinite(lip):
+        raise LoweringError("smooth part has no finite gradient-Lipschitz bound",
+                            term=" + ".join(str(t) for t in m.h))
+    if tau is None:
+        tau = 1.0 / lip if lip > 0 else 1.0
+    if lip > 0 and not 0 < tau < 2.0 / lip:
+        raise LoweringError(f"step τ = {tau:g} outside (0, 2/L) with L = {lip:.4g}",
+                            term="forward-backward", hint=f"use τ ≤ {1 / lip:.4g}")
+    step = Combo([(1.0, Var(z)), (tau, GradSum(m.h, z, sign=-1.0))])
+    node = Prox(m.g, step, tau)
+    d = Derivation()
+    d.add(Step(
+        "forward–backward fallback",
+        f"g = {m.g} prox-able; h smooth with L = {sum_lip_text(m.h)} = {lip:.4g}; "
+        f"τ = {tau:.4g} ∈ (0, 2/L)",
+        f"G = {obj}", f"{z.name} ← {node.text()}", obj.latex(),
+        f"{z.latex()} \\leftarrow {node.latex()}",
+        note="fixed points are exactly the stationary points of G (minimizers if G is convex)",
+    ))
+    cert = certificate(obj)
+    claim = claim_from_certificate(obj, cert, f"minimizer of G = {obj}")
+    h_convex = all(t.curvature().kind in ("convex", "affine") and not t.curvature().conditions
+                   for t in m.h)
+    if h_convex:
+        contraction = Contraction("1 (τ ≤ 2/L, h convex: averaged operator)", "1", lambda env: 1.0)
+    else:
+        contraction = Contraction(f"1 + τL = 1 + {tau:.3g}·({sum_lip_text(m.h)})",
+                                  "1 + \\tau L",
+                                  lambda env, h=m.h, t=tau: 1 + t * sum(x.grad_lipschitz(env)
+                                                                        for x in h))
+    return DerivedLayer(source=obj, blocks=[z], nodes={z.name: node}, derivation=d, claim=claim,
+                        contraction=contraction, certificate=cert, info={"tau": tau})

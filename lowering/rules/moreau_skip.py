@@ -1,0 +1,80 @@
+"""Moreau envelope → skip connection (MATH §4): ``prox_{λM_φ^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)φ}(x) - x)``;
+with ``λ = α``, ``μ = 1-α``: ``α prox_φ(x) + (1-α) x``, same fixed points as ``prox_φ``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from convex_eq.errors import LoweringError
+from convex_eq.objective import Objective
+from convex_eq.terms.moreau import MoreauEnvelope
+
+from ..derived import DerivedLayer
+from ..nodes import Combo, Prox, Var
+from ..trace import Claim, Contraction, Step
+
+
+def match(obj: Any) -> MoreauEnvelope | None:
+    """A single Moreau-envelope term ``λ·M_φ^μ``."""
+    if isinstance(obj, Objective) and len(obj.terms) == 1 and isinstance(obj.terms[0],
+                                                                         MoreauEnvelope):
+        return obj.terms[0]
+    return None
+
+
+def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., DerivedLayer]
+          ) -> DerivedLayer:
+    lam = env_term.coef(None)
+    mu = env_term.mu_value(None)
+    if lam <= 0:
+        raise LoweringError("the envelope's coefficient must be positive", term=str(env_term))
+    z = env_term.state
+    t_sum = mu + lam
+    if abs(t_sum - 1.0) <= 1e-12:
+        inner = lower_inner(env_term.inner)
+        if len(inner.blocks) != 1:
+            raise LoweringError("Moreau skip rule needs a single-block inner layer",
+                                term=str(env_term))
+        base = inner.nodes[z.name]
+        exact = inner.is_prox
+    else:
+        inner = None
+        if not env_term.inner.terms or len(env_term.inner.terms) > 3:
+            raise LoweringError("no prox_{(μ+λ)φ} for this inner objective", term=str(env_term))
+        base = Prox(env_term.inner, Var(z), t_sum)
+        exact = True
+    a = lam / t_sum
+    node = Combo([(a, base), (1.0 - a, Var(z))])
+    d = inner.derivation if inner is not None else None
+    from ..trace import Derivation
+
+    d = d or Derivation()
+    d.add(Step(
+        "Moreau envelope → skip connection",
+        f"λ = {lam:g}, μ = {mu:g}: prox_{{λM_φ^μ}}(x) = x + λ/(μ+λ)(prox_{{(μ+λ)φ}}(x) − x)",
+        f"{env_term}", f"{z.name} ← {node.text()}", env_term.latex(),
+        f"{z.latex()} \\leftarrow {node.latex()}",
+        note="same fixed points as prox_φ (minimizers of M_φ = minimizers of φ)"
+        + ("" if exact else "; inner layer is not prox_φ, so the layer is an averaged "
+           "version of it (fixed points preserved) but not prox_{λM_φ^μ}"),
+    ))
+    if inner is not None:
+        claim = Claim(inner.claim.kind, f"{inner.claim.statement}; unchanged by the envelope edit "
+                      f"(argmin λM_φ^μ = argmin φ)", inner.claim.latex,
+                      inner.claim.objective_text, list(inner.claim.conditions))
+        base_lip = inner.contraction
+        contraction = Contraction(f"{a:g}·({base_lip.formula}) + {1 - a:g}",
+                                  f"{a:g}\\,({base_lip.latex}) + {1 - a:g}",
+                                  lambda env, b=base_lip, a=a: a * b.value(env) + (1 - a))
+        cert = inner.certificate
+    else:
+        from .common import certificate, claim_from_certificate
+
+        cert = certificate(env_term.inner)
+        claim = claim_from_certificate(obj, cert, f"minimizer of {env_term.inner}")
+        contraction = Contraction("1 (prox of a convex function is nonexpansive)", "1",
+                                  lambda env: 1.0)
+    return DerivedLayer(source=obj, blocks=[z], nodes={z.name: node}, derivation=d, claim=claim,
+                        contraction=contraction, is_prox=exact, certificate=cert,
+                        info={"inner": inner, "alpha": a})

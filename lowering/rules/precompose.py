@@ -1,0 +1,69 @@
+"""Affine precomposition (MATH §4): ``φ → φ∘A`` ⇒ ``T' = A⁻¹∘T∘A``; fixed points of ``T'`` are
+the minimizers of ``φ∘A`` for any invertible ``A``; ``T'`` is a prox only if ``M`` is orthogonal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from convex_eq.objective import Objective
+
+from ..derived import DerivedLayer
+from ..nodes import LinearMap, Substitute, Var
+from ..trace import Claim, Contraction, Step
+
+
+def match(obj: Any) -> Any:
+    return getattr(obj, "precomposition", None) if isinstance(obj, Objective) else None
+
+
+def lower(pc: Any, obj: Objective, lower_inner: Callable[..., DerivedLayer]) -> DerivedLayer:
+    inner = lower_inner(pc.inner)
+    old, new = pc.old, pc.new
+    m_sym, c_sym = pc.M, pc.c
+
+    def fwd(v: torch.Tensor, env: Any) -> torch.Tensor:
+        m = m_sym.resolve(env).to(v)
+        out = v @ m.T
+        return out if c_sym is None else out + c_sym.resolve(env).to(v)
+
+    def inv(w: torch.Tensor, env: Any) -> torch.Tensor:
+        m = m_sym.resolve(env).to(w)
+        r = w if c_sym is None else w - c_sym.resolve(env).to(w)
+        return torch.linalg.solve(m, r.T).T
+
+    mn = m_sym.resolve(None).detach().cpu().numpy()
+    import numpy as np
+
+    s = np.linalg.svd(mn, compute_uv=False)
+    cond = float(s.max() / s.min())
+    a_node = LinearMap(fwd, Var(new), f"{m_sym.name}·◊" + (f" + {c_sym.name}" if c_sym else ""),
+                       f"{m_sym.latex()} ◊" + (f" + {c_sym.latex()}" if c_sym else ""),
+                       float(s.max()))
+    inner_node = Substitute(inner.nodes[old.name], old, a_node)
+    node = LinearMap(inv, inner_node, f"{m_sym.name}⁻¹(◊" + (f" - {c_sym.name})" if c_sym
+                                                            else ")"),
+                     f"{m_sym.latex()}^{{-1}}(◊" + (f" - {c_sym.latex()})" if c_sym else ")"),
+                     float(1.0 / s.min()))
+    defect = pc.orthogonality_defect()
+    d = inner.derivation
+    d.add(Step(
+        "affine precomposition φ → φ∘A",
+        f"A(z) = Mz + c with M invertible (cond(M) = {cond:.3g})",
+        f"φ({old.name})", f"{new.name} ← {node.text()}", f"\\varphi({old.latex()})",
+        f"{new.latex()} \\leftarrow {node.latex()}",
+        note=("M orthogonal: the layer is prox_{φ∘A}" if defect < 1e-9 else
+              f"M not orthogonal (||MᵀM − I||₂ = {defect:.3g}): fixed points are the minimizers "
+              "of φ∘A but the layer is not a prox"),
+    ))
+    kind = inner.claim.kind
+    claim = Claim(kind, f"A(z*) is a {kind} of φ = {pc.inner}, i.e. z* is a {kind} of φ∘A",
+                  inner.claim.latex, str(obj), list(inner.claim.conditions))
+    base = inner.contraction
+    contraction = Contraction(f"cond(M)·({base.formula})", f"\\kappa(M)\\,({base.latex})",
+                              lambda env, b=base, k=cond: k * b.value(env))
+    return DerivedLayer(source=obj, blocks=[new], nodes={new.name: node}, derivation=d,
+                        claim=claim, contraction=contraction, is_prox=defect < 1e-9 and inner.is_prox,
+                        certificate=inner.certificate, info={"inner": inner})

@@ -1,0 +1,120 @@
+"""Regularizer edits of a prox layer (MATH §4, Theorem 4 of the TPAMI paper).
+
+* gradient variant, ``R`` smooth: ``T(z) = prox_φ(z - γ∇R(z))``; fixed points = stationary points
+  of ``φ + γR`` (minimizers when it is convex) — exact.
+* prox variant, ``R`` with a prox: ``T(z) = prox_φ(prox_{γR}(z))``; fixed points = minimizers of
+  ``φ + M^1_{γR}`` — NOT of ``φ + γR``.
+"""
+
+from __future__ import annotations
+
+from convex_eq.errors import LoweringError, OptionError
+from convex_eq.objective import Objective
+from convex_eq.terms.base import Term
+from convex_eq.terms.moreau import MoreauEnvelope
+
+from ..derived import DerivedLayer
+from ..nodes import Combo, GradSum, Prox, Substitute, Var
+from ..trace import Claim, Contraction, Step
+from .common import certificate
+
+VARIANTS = ("auto", "prox", "gradient")
+
+
+def _is_regularizer_on(t: Term, z: object) -> bool:
+    return [s.name for s in t.states()] == [z.name]  # type: ignore[attr-defined]
+
+
+def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLayer:
+    """Apply ``φ → φ + γR`` edits to a prox layer ``base`` (``T_φ = prox_φ``)."""
+    if variant not in VARIANTS:
+        raise OptionError(f"unknown regularizer variant {variant!r}", term="lower",
+                          hint=f"use one of {VARIANTS}")
+    if not regs:
+        return base
+    z = base.blocks[0]
+    for r in regs:
+        if not _is_regularizer_on(r, z):
+            raise LoweringError("regularizer must act on the layer state only", term=str(r))
+    prox_regs, grad_regs = [], []
+    for r in regs:
+        use_prox = r.has_prox and variant in ("auto", "prox")
+        if variant == "prox" and not r.has_prox:
+            raise LoweringError(
+                "prox variant requested but the term has no closed-form prox", term=str(r),
+                hint="use variant='gradient' (needs a smooth term) or a term with a prox",
+            )
+        if use_prox:
+            prox_regs.append(r)
+        elif r.smooth or getattr(r, "almost_everywhere_grad", False):
+            grad_regs.append(r)
+        else:
+            raise LoweringError(
+                f"{r.label} term is neither smooth nor prox-able on the state", term=str(r),
+                hint="use a term with a closed-form prox or a smooth surrogate (Moreau envelope)",
+            )
+    if len(prox_regs) > 1:
+        raise LoweringError(
+            "at most one prox-variant regularizer edit can keep an exact claim",
+            term=", ".join(str(r) for r in prox_regs),
+            hint="use variant='gradient' for the smooth ones",
+        )
+    phi = base.source
+    node = base.nodes[z.name]
+    d = base.derivation
+    lip_base = base.contraction
+    inner = Var(z)
+    modified_text, modified_latex = str(phi), phi.latex()
+    new_obj = phi
+    if grad_regs:
+        step = Combo([(1.0, Var(z)), (1.0, GradSum(grad_regs, z, sign=-1.0))])
+        inner = step
+        rs = " + ".join(str(r) for r in grad_regs)
+        new_obj = Objective([*phi.terms, *grad_regs], name="phi+R")
+        d.add(Step(
+            "regularizer edit, gradient variant (Theorem 4)",
+            f"{rs} differentiable (gradient rule of the term)",
+            f"φ → φ + {rs}", f"z ← prox_φ({step.text()})",
+            f"\\varphi \\to \\varphi + {' + '.join(r.latex() for r in grad_regs)}",
+            f"z \\leftarrow \\mathrm{{prox}}_\\varphi\\big({step.latex()}\\big)",
+            note="fixed points are exactly the stationary points of φ + γR",
+        ))
+        modified_text, modified_latex = str(new_obj), new_obj.latex()
+    if prox_regs:
+        r = prox_regs[0]
+        inner = Prox(r, inner)
+        d.add(Step(
+            "regularizer edit, prox variant (Theorem 4)",
+            f"{r} has a closed-form prox",
+            f"φ → φ + {r}", f"z ← prox_φ({inner.text()})",
+            f"\\varphi \\to \\varphi + {r.latex()}",
+            f"z \\leftarrow \\mathrm{{prox}}_\\varphi\\big({inner.latex()}\\big)",
+            note=f"fixed points are minimizers of φ + M^1[{r}] (its Moreau envelope), "
+                 f"NOT of φ + {r}",
+        ))
+        new_obj = Objective([*new_obj.terms, MoreauEnvelope(r, 1.0)], name="phi+M[R]")
+        modified_text, modified_latex = str(new_obj), new_obj.latex()
+    new_node = Substitute(node, z, inner)
+    cert_obj = new_obj
+    cert = certificate(cert_obj)
+    convex = cert.kind != "nonconvex"
+    if prox_regs:
+        kind = "modified minimizer" if convex else "stationary point"
+        what = f"{'minimizer' if convex else 'stationary point'} of {modified_text}"
+    else:
+        kind = "minimizer" if convex else "stationary point"
+        what = f"{'minimizer' if convex else 'stationary point'} of {modified_text}"
+    if not convex:
+        what += f" (not convex: {cert.reason})"
+    claim = Claim(kind, what, f"\\text{{{kind} of }} {modified_latex}",
+                  objective_text=modified_text, conditions=[c.text for c in cert.conditions])
+    contraction = Contraction(
+        f"({lip_base.formula})·(1 + Lip∇γR)" if grad_regs else lip_base.formula,
+        lip_base.latex,
+        (lambda env, b=lip_base, g=grad_regs: b.value(env) *
+         (1.0 + sum(r.grad_lipschitz(env) for r in g))),
+    )
+    return DerivedLayer(source=new_obj, blocks=[z], nodes={z.name: new_node}, derivation=d,
+                        claim=claim, contraction=contraction, is_prox=False, certificate=cert,
+                        regularizers=regs, info={**base.info, "base": base,
+                                                 "variant": "prox" if prox_regs else "gradient"})

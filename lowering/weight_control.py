@@ -1,0 +1,78 @@
+"""Weight control keeping ``||W||₂ ≤ bound − margin`` for the weights named in the certificate.
+
+* ``"spectral_norm"``: reparametrize ``W ↦ W · min(1, (bound − margin)/σ̂(W))`` with a persistent
+  power-iteration estimate ``σ̂`` (differentiable, like ``torch.nn.utils.spectral_norm``);
+* ``"project"``: rescale the stored parameter in place (no gradient) before each forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from convex_eq.errors import OptionError
+
+MODES = ("spectral_norm", "project")
+
+
+def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
+    """``(operator, bound)`` pairs from ``||op||₂ ≤ bound`` conditions of the derivation."""
+    conds = []
+    cert = derived.certificate
+    sources = list(cert.conditions) if cert is not None else []
+    sources += derived.info.get("conditions", [])
+    for c in sources:
+        op = getattr(c, "op", None)
+        if op is not None and c.sense == "<=":
+            conds.append((op, c.bound))
+    return conds
+
+
+class WeightControl:
+    """Applies the chosen control to every weight with a spectral-norm condition."""
+
+    def __init__(self, derived: Any, mode: str, margin: float):
+        if mode not in MODES:
+            raise OptionError(f"unknown weight_control {mode!r}", term="torch_module",
+                              hint=f"use one of {MODES}")
+        if not 0 <= margin < 1:
+            raise OptionError("margin must lie in [0, 1)", term="torch_module")
+        self.mode, self.margin = mode, margin
+        self.targets = []
+        for op, bound in norm_conditions(derived):
+            ws = [s for s in op.symbols() if s.kind == "weight"]
+            if len(ws) == 1:
+                self.targets.append((op, ws[0].name, bound - margin))
+        if not self.targets:
+            raise OptionError("weight control requested but the certificate has no "
+                              "||W||₂ ≤ bound condition", term="torch_module")
+        self._vecs: dict[str, torch.Tensor] = {}
+
+    def _power(self, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
+        w = env[name]
+        v = self._vecs.get(name)
+        if v is None or v.dtype != w.dtype or v.device != w.device:
+            g = torch.Generator().manual_seed(0)
+            v = torch.randn(1, op.in_size, generator=g, dtype=torch.float64).to(w)
+        with torch.no_grad():
+            detached = {**env, name: w.detach()}
+            for _ in range(iters):
+                u = op.adjoint(op.apply(v, detached), detached)
+                v = u / u.norm().clamp_min(1e-30)
+        self._vecs[name] = v
+        return op.apply(v, env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
+
+    def __call__(self, module: Any, env: dict) -> dict:
+        env = dict(env)
+        for op, name, target in self.targets:
+            if self.mode == "project":
+                with torch.no_grad():
+                    sig = self._power(op, name, env, 30)
+                    if sig > target:
+                        module.weights[name].mul_(target / sig)
+                env[name] = module.weights[name]
+            else:
+                sig = self._power(op, name, env, 3 if name in self._vecs else 50)
+                env[name] = env[name] * torch.clamp(target / sig, max=1.0)
+        return env
