@@ -31,6 +31,17 @@ class ExportedProblem:
     parameters: dict[str, cp.Parameter] = field(default_factory=dict)
     quadratic_eigmin: float = 0.0
     notes: list[str] = field(default_factory=list)
+    blocks: dict[str, slice] = field(default_factory=dict)
+
+    def objective_at(self, f: np.ndarray) -> float:
+        """Value of the exported objective (plus dropped constants) at the free vector ``f``."""
+        self.variable.value = np.asarray(f, dtype=np.float64)
+        return float(self.problem.objective.value) + self.constant
+
+    def max_violation(self, f: np.ndarray) -> float:
+        """Largest constraint violation at ``f`` (0 when feasible)."""
+        self.variable.value = np.asarray(f, dtype=np.float64)
+        return max([float(np.max(c.violation())) for c in self.problem.constraints] or [0.0])
 
     def solve(self, **kwargs: Any) -> float:
         """Solve (Clarabel by default, tight tolerances) and return the objective value."""
@@ -75,7 +86,7 @@ class ExportContext:
                 self.inputs[name] = p
             else:
                 self.inputs[name] = v
-        self._blocks: list[tuple[str, int]] = []
+        self._blocks: list[tuple[str, slice]] = []
         self.n_free = 0
         self.state_maps: dict[str, np.ndarray | None] = {s.name: None for s in states}
         self.pending: dict[str, tuple[str, int]] = {}
@@ -93,7 +104,7 @@ class ExportContext:
     def new_block(self, name: str, size: int) -> slice:
         """Reserve a block of the free vector (an auxiliary or state variable)."""
         sl = slice(self.n_free, self.n_free + size)
-        self._blocks.append((name, size))
+        self._blocks.append((name, sl))
         self.n_free += size
         return sl
 
@@ -255,7 +266,7 @@ class ExportContext:
         return ExportedProblem(
             problem=prob, variable=self.f, state_maps=maps,
             state_shapes=shapes, constant=self.constant, parameters=self.params,
-            quadratic_eigmin=eigmin, notes=self.notes,
+            quadratic_eigmin=eigmin, notes=self.notes, blocks=dict(self._blocks),
         )
 
 

@@ -21,7 +21,7 @@ from .activations import get_activation
 from .composition import DeepComposition
 from .errors import ShapeError
 from .objective import Objective
-from .operators import Conv2d, Dense, downsample_or_identity
+from .operators import Conv2d, downsample_or_identity
 from .symbols import Input, Scalar, State, Weight
 from .terms import (
     Antiderivative,

@@ -194,7 +194,7 @@ class EquilibriumModule(nn.Module):
         c = self.derived.contraction
         try:
             lip = c.describe(self.env())
-        except Exception as err:  # noqa: BLE001 - diagnostics only
+        except Exception as err:
             lip = f"{c.formula} (could not evaluate: {err})"
         msg = (f"{bad}/{stats.converged.numel()} samples did not reach relative residual "
                f"{self.tol:g} in {self.max_iter} iterations of {stats.solver} (worst "
@@ -225,7 +225,10 @@ class EquilibriumModule(nn.Module):
         solver = get_solver(self.backward_solver)
         module = self
 
-        def hook(grad: torch.Tensor) -> torch.Tensor:
+        def hook(grad: torch.Tensor | None) -> torch.Tensor | None:
+            if grad is None:
+                return None
+
             def adj(y: torch.Tensor) -> torch.Tensor:
                 return torch.autograd.grad(f0, z0, y, retain_graph=True)[0] + grad
 

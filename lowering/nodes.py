@@ -6,8 +6,6 @@ A node evaluates on ``Z`` (dict block name → flat batched tensor, plus the inp
 
 from __future__ import annotations
 
-from convex_eq.terms.potential import act_latex as _sig
-
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +14,7 @@ import torch
 
 from convex_eq.symbols import Env, Symbol
 from convex_eq.terms.base import Term
+from convex_eq.terms.potential import act_latex as _sig
 
 Z_t = Mapping[str, torch.Tensor]
 

@@ -205,7 +205,9 @@ class Term:
     def value(self, values: Values, env: Env | None = None) -> torch.Tensor:
         """Per-sample value, shape ``(B,)``."""
         us = [a.evaluate(values, env) for a in self.args]
-        return self.coef(env) * self.raw_value(us, env)
+        c = self.coef(env)
+        raw = self.raw_value(us, env)
+        return torch.zeros_like(raw) if c == 0 else c * raw
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement raw_value")

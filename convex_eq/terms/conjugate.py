@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from convex_eq.terms.potential import act_latex as _sig
-
 import itertools
 
 import cvxpy as cp
 import numpy as np
 import torch
+
+from convex_eq.terms.potential import act_latex as _sig
 
 from ..activations import Activation
 from ..affine import Affine, as_affine
@@ -88,7 +88,8 @@ class SeparableAffineConjugate(Term):
             y = torch.linalg.lstsq(m.T, target.T).solution.T
             lo, hi = self.act.domain
             yc = y.clamp(min=lo if lo > -float("inf") else None,
-                         max=hi if hi < float("inf") else None)
+                         max=hi if hi < float("inf") else None) if (lo, hi) != (
+                -float("inf"), float("inf")) else y
             near = (y - yc).norm(dim=-1) <= 1e-9 * y.norm(dim=-1).clamp_min(1.0)
             y = torch.where(near[:, None], yc, y)
             resid = (y @ m - target).norm(dim=-1)

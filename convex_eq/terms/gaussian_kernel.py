@@ -256,7 +256,7 @@ class PatchGaussianKernel(_GammaMixin, Term):
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
         wh = self.W_h.resolve(env).detach().cpu().numpy().astype(np.float64)
-        return [0.9 * float(np.linalg.norm(wh, 2)) ** 2]
+        return [float(np.linalg.norm(wh, 2)) ** 2]
 
     def raw_curvature(self) -> Curvature:
         return Curvature("unknown", reason=_REASON)

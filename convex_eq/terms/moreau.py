@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import LoweringError, ScaleError, ShapeError
+from ..errors import ScaleError, ShapeError
 from ..export import ExportContext
 from ..symbols import Env, Scalar, State, Symbol, scalar_value
 from .base import Curvature, Term

@@ -12,7 +12,7 @@ from ..activations import Activation, get_activation
 from ..errors import NotDCPError
 from ..export import ExportContext
 from ..symbols import Env
-from .base import Curvature, StrongConvexity, Term, single_arg
+from .base import StrongConvexity, Term, single_arg
 
 
 def act_latex(act: Activation) -> str:

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from convex_eq.terms.potential import act_latex as _sig
-
 from dataclasses import dataclass
 from typing import Any
 
 from convex_eq.objective import Objective
 from convex_eq.terms.base import Term
 from convex_eq.terms.potential import Potential
+from convex_eq.terms.potential import act_latex as _sig
 from convex_eq.terms.quadratic import SqNorm
 
 from ..derived import DerivedLayer
