@@ -1,7 +1,15 @@
 """Lowering: derive the fixed-point layer ``z = T(z, x)`` of a hidden objective."""
 
 from .derived import DerivedLayer
+from .converter import ConvertedNetwork, convert
 from .lower import lower
+from .perturbation import Perturbation, perturbation
+from .sam import SAMConfig
+from .solvers import SOLVERS, SolverStats, register_solver, solve
 from .trace import Claim, Contraction, Derivation, Step
 
-__all__ = ["Claim", "Contraction", "Derivation", "DerivedLayer", "Step", "lower"]
+__all__ = [
+    "SOLVERS", "Claim", "Contraction", "ConvertedNetwork", "Derivation", "DerivedLayer",
+    "Perturbation", "SAMConfig", "SolverStats", "Step", "convert", "lower", "perturbation",
+    "register_solver", "solve",
+]

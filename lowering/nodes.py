@@ -92,11 +92,14 @@ def _term_grad_text(term: Term, block: Symbol, sign: float, latex: bool) -> str:
             if e.symbol is not block:
                 continue
             cc = c * e.coef
+            gg = g
+            if gg.startswith("-"):
+                cc, gg = -cc, gg[1:]
             if e.op is None:
-                body = g
+                body = gg
             else:
                 adj = (f"{e.op.latex()}^\\top" if latex else f"{e.op}ᵀ")
-                body = f"{adj}({g})"
+                body = f"{adj}({gg})"
             coef = "" if cc == 1.0 else ("-" if cc == -1.0 else f"{cc:g}·")
             parts.append(f"{coef}{sc}{body}")
     if not parts:
@@ -170,11 +173,15 @@ class Prox(Node):
         return self.inner.lip(env)  # a prox of a convex function is nonexpansive
 
     def text(self) -> str:
+        if hasattr(self.g, "prox_text"):
+            return self.g.prox_text(self.inner.text(), self.t)
         name = self._text or str(self.g)
         t = "" if self.t == 1.0 else f"{self.t:g}·"
         return f"prox_{{{t}{name}}}({self.inner.text()})"
 
     def latex(self) -> str:
+        if hasattr(self.g, "prox_text"):
+            return self.g.prox_text(self.inner.latex(), self.t, latex=True)
         name = self._latex or self.g.latex()
         t = "" if self.t == 1.0 else f"{self.t:g}"
         return f"\\mathrm{{prox}}_{{{t}{name}}}\\big({self.inner.latex()}\\big)"

@@ -212,8 +212,10 @@ class Term:
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement raw_value")
 
-    def grad(self, values: Values, env: Env | None = None) -> dict[str, torch.Tensor]:
-        """Gradient with respect to each state block (chain rule through the affine args)."""
+    def grad(self, values: Values, env: Env | None = None, wrt: str = "state"
+             ) -> dict[str, torch.Tensor]:
+        """Gradient with respect to each state block (``wrt="input"``: each input), by the chain
+        rule through the affine arguments."""
         if not self.smooth:
             raise LoweringError(
                 "term is not differentiable", term=str(self),
@@ -226,7 +228,7 @@ class Term:
         for a, g in zip(self.args, gs):
             if g is None:
                 continue
-            for s in a.states():
+            for s in a.symbols(wrt):
                 contrib = c * a.adjoint(g, s, env)
                 out[s.name] = out[s.name] + contrib if s.name in out else contrib
         return out

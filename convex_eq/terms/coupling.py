@@ -108,6 +108,13 @@ class Coupling(_PairTerm):
     def raw_curvature(self) -> Curvature:
         return Curvature("unknown", reason="the bilinear coupling z_iᵀ P z_j is indefinite")
 
+    def grad_text(self, latex: bool = False) -> list[str | None]:
+        ui, uj = self.args
+        p = self._p_str(latex)
+        if latex:
+            return [f"{p}\\,{_wrap(uj, True)}", f"{p}^\\top {_wrap(ui, True)}"]
+        return [f"{p} {_wrap(uj, False)}", f"{p}ᵀ {_wrap(ui, False)}"]
+
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
         ui, uj = self.args
         return [QuadPart(self.coef(env), ui, uj.map(self.P), str(self))]

@@ -123,6 +123,13 @@ class GaussianKernel(_GammaMixin, Term):
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
         return [1.0]
 
+    def grad_text(self, latex: bool = False) -> list[str | None]:
+        r = single_arg(self)
+        g = self._gamma_str(latex)
+        if latex:
+            return [f"-e^{{-{g}\\|{r.latex()}\\|^2}}({r.latex()})"]
+        return [f"-exp(-{g}·||{r}||²)·({r})"]
+
     def raw_curvature(self) -> Curvature:
         return Curvature("unknown", reason=_REASON)
 

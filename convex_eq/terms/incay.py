@@ -42,6 +42,13 @@ class FeatureIncay(Term):
         super().__init__(z)
         self.eps_value(None)
 
+    def grad_text(self, latex: bool = False) -> list[str | None]:
+        u = self.args[0]
+        e = self.eps.name if isinstance(self.eps, Scalar) else f"{self.eps:g}"
+        if latex:
+            return [f"-\\frac{{4 {u.latex()}}}{{(\\|{u.latex()}\\|^2 + 2 \\cdot {e})^2}}"]
+        return [f"-4({u})/(||{u}||² + 2·{e})²"]
+
     def check_shapes(self) -> None:
         require_states(self.args, str(self))
 

@@ -43,6 +43,14 @@ class L1(Term):
     def raw_curvature(self) -> Curvature:
         return Curvature("convex", reason="a norm")
 
+    def prox_text(self, arg: str, t: float, latex: bool = False) -> str:
+        """Display of ``prox_{t·c||·||₁}(arg)``: the soft-threshold at level ``t·c``."""
+        level = f"{t * self.scale:g}" + "".join(
+            ("·" if not latex else " ") + (s.latex() if latex else s.name) for s in self.scalars)
+        if latex:
+            return f"\mathrm{{soft}}_{{{level}}}\big({arg}\big)"
+        return f"soft-threshold_{level}({arg})"
+
     def conjugate(self) -> Term:
         """``(scale·Π scalars·||u||₁)* = ι_{||u||∞ ≤ scale·Π scalars}`` (same argument ``u``)."""
         if self.scale <= 0:

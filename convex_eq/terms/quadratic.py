@@ -79,7 +79,7 @@ class Linear(Term):
         return batch_dot(us[0], us[1])
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
-        return [None, us[0]]
+        return [us[1], us[0]]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
         return [0.0, 0.0]
