@@ -161,17 +161,26 @@ class EquilibriumModule(nn.Module):
         if self.backward == "unroll":
             z, stats = self._unroll(f, z0)
         else:
-            with torch.no_grad():
-                if self.sam is not None:
-                    z_star, stats = sam_iterate(self, f, z0, inputs, env)
-                else:
-                    z_star, stats = get_solver(self.solver)(
-                        f, z0, tol=self.tol, max_iter=self.max_iter, **self.solver_options)
+            z_star, stats = self._solve(f, z0, inputs, env)
             self._check(stats)
             z = self._attach(f, z_star.detach())
         self.last_stats = stats
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
+
+    @torch.compiler.disable
+    def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
+               ) -> tuple[torch.Tensor, SolverStats]:
+        """The forward solve (eager: data-dependent loops are not traced by torch.compile)."""
+        with torch.no_grad():
+            if self.sam is not None:
+                return sam_iterate(self, f, z0, inputs, env)
+            return get_solver(self.solver)(f, z0, tol=self.tol, max_iter=self.max_iter,
+                                           **self.solver_options)
+
+    @torch.compiler.disable
+    def _check(self, stats: SolverStats) -> None:
+        self._check_stats(stats)
 
     def _unroll(self, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
         z = z0
@@ -187,7 +196,7 @@ class EquilibriumModule(nn.Module):
         return z, SolverStats("unroll", res, torch.full((z.shape[0],), self.unroll_steps), conv,
                               self.tol)
 
-    def _check(self, stats: SolverStats) -> None:
+    def _check_stats(self, stats: SolverStats) -> None:
         if bool(stats.converged.all()):
             return
         bad = int((~stats.converged).sum())
@@ -197,7 +206,7 @@ class EquilibriumModule(nn.Module):
         except Exception as err:
             lip = f"{c.formula} (could not evaluate: {err})"
         msg = (f"{bad}/{stats.converged.numel()} samples did not reach relative residual "
-               f"{self.tol:g} in {self.max_iter} iterations of {stats.solver} (worst "
+               f"{stats.tol:g} in {stats.residuals.shape[1]} iterations of {stats.solver} (worst "
                f"{stats.max_residual:.3e}); {lip}")
         hint = ("raise max_iter, use solver='anderson', or keep ||W||₂ < 1 with "
                 "weight_control='spectral_norm'")

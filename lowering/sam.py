@@ -22,11 +22,11 @@ class SAMConfig:
     """Selection objective ``R`` (convex, L_R-smooth, on the layer state) and the schedules."""
 
     R: Any
-    rho: float = 0.5
-    c: float = 0.2
+    rho: float = 0.1
+    c: float = 0.44
     gamma: float | None = None
-    max_iter: int = 2000
-    tol: float = 1e-3
+    max_iter: int = 5000
+    tol: float = 1e-2
 
     def __post_init__(self) -> None:
         if not (self.rho > 0 and self.c > 0 and self.rho + 2 * self.c < 1):

@@ -90,6 +90,8 @@ class LeakyReLU(Activation):
         """``prox_{t f_σ}(v) = v`` if ``v ≥ 0`` else ``v / (1 + t (1/a - 1))``."""
         v = nm.as_tensor(v)
         t = self._check_scale(t)
+        if not isinstance(t, torch.Tensor) and t == 1.0:
+            return self.sigma(v)
         return torch.where(v >= 0, v, v / (1 + t * self.curvature))
 
     def cvxpy_potential(self, u: cp.Expression) -> tuple[cp.Expression, list[cp.Constraint]]:

@@ -560,6 +560,12 @@ class SympyActivation(Activation):
         end = self.domain[side]
         if not math.isfinite(end):
             return math.nan
+        cache = self.__dict__.setdefault("_inverse_end_cache", {})
+        if side not in cache:
+            cache[side] = self._inverse_at_end_uncached(side, end)
+        return cache[side]
+
+    def _inverse_at_end_uncached(self, side: int, end: float) -> float:
         try:
             exact = self._domain_exact[side]
             exact = sp.nsimplify(end) if exact is None else exact

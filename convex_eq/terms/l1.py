@@ -48,7 +48,7 @@ class L1(Term):
         level = f"{t * self.scale:g}" + "".join(
             ("·" if not latex else " ") + (s.latex() if latex else s.name) for s in self.scalars)
         if latex:
-            return f"\mathrm{{soft}}_{{{level}}}\big({arg}\big)"
+            return f"\\mathrm{{soft}}_{{{level}}}\\big({arg}\\big)"
         return f"soft-threshold_{level}({arg})"
 
     def conjugate(self) -> Term:
