@@ -82,6 +82,11 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
         b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
         w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
         q = u_op @ x + b
+        if form == "conjugate":
+            psi = Antiderivative(act, w_op @ z + q) * (1.0 / mu)
+            obj = Objective([psi.conjugate(), -SqNorm(z)], name="opteq-conv-conj")
+            obj.reference = "OptEq (conv), Theorem 1, MATH §2"
+            return obj
         obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w_op @ z)],
                         name="opteq-conv")
         obj.reference = "OptEq (conv), MATH §3 row 1"
@@ -125,13 +130,31 @@ def deep_opteq(L: int = 2, n: int = 12, m: int = 12, d: int = 6, activation: Any
 
 def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         gamma: float = 0.5, weight_norm: float = 0.9, seed: int = 0,
-        patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4
-        ) -> Objective:
+        patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4,
+        conv: tuple[int, int] | None = None) -> Objective:
     """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b`` (MATH §3 row 2);
     with ``patch`` and ``image=(C,H,W)`` (the layout of q and Wz) the patch-split kernel
     ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     gam = Scalar("gamma", gamma, low=0.0, low_open=True)
+    if conv is not None:
+        if image is None or patch is None:
+            raise ShapeError("conv GEQ needs image=(C, H, W) of the input and a patch size",
+                             term="geq")
+        ch, k = conv
+        c0, hh, ww = image
+        z = State("z", (ch, hh, ww))
+        x = Input("x", image)
+        u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
+        b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
+        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
+        g = np.random.default_rng(seed + 3)
+        dim = patch * patch * ch
+        wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
+        s = PatchGaussianKernel(u_op @ x + b, w_op @ z, gam, patch, wh, (ch, hh, ww))
+        obj = Objective([Potential(act, z), SqNorm(z), -s], name="geq-conv")
+        obj.reference = "GEQ (conv, patch-split Gaussian kernel), MATH §3 row 3"
+        return obj
     z = State("z", n)
     x, q = _injection("", p, d, seed)
     w = spectral_weight("W", (p, n), weight_norm, seed)

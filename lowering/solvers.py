@@ -165,14 +165,17 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
         H = torch.zeros(b, nk + 1, nk + 1, dtype=dt, device=dev)
         H[:, 0, 1:] = 1
         H[:, 1:, 0] = 1
-        H[:, 1:, 1:] = GG + (lam * scale)[:, None, None] * torch.eye(nk, dtype=dt, device=dev)
+        ridge = lam * scale + torch.finfo(dt).tiny ** 0.5
+        H[:, 1:, 1:] = GG + ridge[:, None, None] * torch.eye(nk, dtype=dt, device=dev)
         y = torch.zeros(b, nk + 1, 1, dtype=dt, device=dev)
         y[:, 0] = 1
-        sol = torch.linalg.solve(H, y)
+        sol, info = torch.linalg.solve_ex(H, y)
         alpha = sol[:, 1:nk + 1, 0]
-        if not torch.isfinite(alpha).all():
-            alpha = torch.zeros_like(alpha)
-            alpha[:, (k - 1) % m] = 1.0
+        bad = (info != 0) | ~torch.isfinite(alpha).all(dim=1)
+        if bool(bad.any()):  # fall back to the latest plain step for those samples
+            plain_step = torch.zeros_like(alpha)
+            plain_step[:, (k - 1) % m] = 1.0
+            alpha = torch.where(bad[:, None], plain_step, alpha)
         x_new = beta * (alpha[:, None] @ Fh[:, :nk])[:, 0] + \
             (1 - beta) * (alpha[:, None] @ X[:, :nk])[:, 0]
         X[:, k % m] = x_new

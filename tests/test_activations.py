@@ -29,6 +29,7 @@ from scipy.optimize import minimize_scalar
 from convex_eq.activations import (
     Activation,
     SympyActivation,
+    _numeric,
     available_activations,
     from_sympy,
     get_activation,
@@ -187,7 +188,9 @@ def test_conjugate_is_numeric_sup(key):
     ws = interior_points(max(lo, -3.0), min(hi, 3.0)) if lo < hi else np.array([lo])
     for w in ws:
         ref = numeric_sup(lambda u, w=w: w * u - f(u), dlo, dhi)
-        assert scalar(act.conjugate_potential, w) == pytest.approx(ref, rel=VALUE_TOL, abs=VALUE_TOL)
+        assert scalar(act.conjugate_potential, w) == pytest.approx(
+            ref, rel=VALUE_TOL, abs=VALUE_TOL
+        )
     # outside dom f*: the sup grows without bound with the search box, and f* = +inf
     for w in [x for x in (lo - 0.5, hi + 0.5) if math.isfinite(x)]:
         assert scalar(act.conjugate_potential, w) == math.inf
@@ -308,6 +311,41 @@ def test_no_nan_gradients_and_dtype(key):
         assert bool(torch.isfinite(g).all())
 
 
+def test_prox_gradient_wrt_tensor_scale():
+    act = make("tanh")
+    v = tens([0.3, -1.2, 2.0])
+    t = tens([0.5, 2.0, 7.0]).requires_grad_(True)
+    (auto,) = torch.autograd.grad(act.prox(v, t).sum(), t)
+    h = 1e-6
+    fd = (act.prox(v, t.detach() + h) - act.prox(v, t.detach() - h)) / (2 * h)
+    np.testing.assert_allclose(auto.numpy(), fd.numpy(), atol=FD_TOL, rtol=FD_TOL)
+
+
+def test_safeguarded_newton_where_plain_newton_diverges():
+    # Newton on atan from |x0| > 1.39 diverges; the bracket safeguard must still converge
+    target = tens([0.0, 0.5, -1.2])
+    x = _numeric.solve_increasing(
+        torch.atan,
+        lambda z: 1 / (1 + z * z),
+        target,
+        tens([-50.0] * 3),
+        tens([50.0] * 3),
+        x0=tens([5.0, -8.0, 9.0]),
+    )
+    np.testing.assert_allclose(x.numpy(), np.tan(target.numpy()), atol=1e-13)
+
+
+def test_extreme_scales_and_inputs():
+    for key in ("tanh", "sigmoid", "softplus", "sym_numeric"):
+        act = make(key)
+        v = tens([-30.0, -5.0, -1e-9, 0.0, 1e-9, 5.0, 30.0])
+        for t in (1e-3, 1e3):
+            u = act.prox(v, t)
+            assert bool(torch.isfinite(u).all())
+            ref = [numeric_prox(act, float(x), t) for x in v[[1, 3, 5]]]
+            np.testing.assert_allclose(u[[1, 3, 5]].numpy(), ref, atol=ARGMIN_TOL)
+
+
 # --------------------------------------------------------------------- 5. σ̃* and f_σ
 @pytest.mark.parametrize("key", ALL_KEYS)
 def test_potential_plus_half_square_is_antiderivative_conjugate(key):
@@ -381,6 +419,7 @@ def test_cvxpy_forms_values_and_constraints(key):
     if c == 0.0:
         e1, c1 = act.cvxpy_potential(u)
         assert float(e1.value) == pytest.approx(pot_sum, rel=1e-10, abs=1e-12)
+        assert _violation(c1) == 0.0
     else:
         with pytest.raises(NotDCPError):
             act.cvxpy_potential(u)

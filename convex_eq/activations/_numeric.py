@@ -125,14 +125,17 @@ def quad_antiderivative(f: ScalarFn, a: np.ndarray) -> np.ndarray:
 
 
 def quad_improper(f: ScalarFn, a: float, b: float) -> float:
-    """``∫_a^b f`` for a nonnegative integrand; ``+inf`` when quad reports non-convergence.
+    """``∫_a^b f`` for an integral known to be finite or ``+inf`` (a limit of a convex function).
 
-    Divergence detection is heuristic: quad's warning flag (``ier > 0``) is read as divergence.
+    Divergence detection is heuristic: quad's warning flag (``ier > 0``) or an infinite result
+    is read as ``+inf``; a NaN result (the integrand overflowed) is returned as NaN.
     """
     res = integrate.quad(
         f, a, b, epsabs=QUAD_EPSABS, epsrel=QUAD_EPSREL, limit=QUAD_LIMIT, full_output=1
     )
     val = float(res[0])
+    if math.isnan(val):
+        return math.nan
     if len(res) > 3 or not math.isfinite(val):
         return math.inf
     return val

@@ -373,6 +373,7 @@ class Activation:
         if side == 1:
             val = -0.5 * s0 * s0 + nm.quad_improper(integrand, 0.0, INF)
         else:
+            # f_σ* is convex and lsc: its limit at an end is finite or +inf, never -inf
             val = -0.5 * s0 * s0 - nm.quad_improper(lambda x: integrand(-x), 0.0, INF)
             if val == -INF:
                 val = INF

@@ -438,7 +438,7 @@ class SympyActivation(Activation):
         return _close(fd, self._sigma(ts), 1e-6)
 
     def _derive_antiderivative_conjugate(self) -> None:
-        u, s = self._u, sp.Symbol("s", real=True)
+        u = self._u
         self.antiderivative_conjugate_expr: sp.Expr | None = None
         self.potential_expr: sp.Expr | None = None
         self._antider_conj_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -461,7 +461,6 @@ class SympyActivation(Activation):
                         break
                 except Exception:
                     continue
-        del s
         self.symbolic["antiderivative_conjugate"] = self._antider_conj_fn is not None
         if self.antiderivative_conjugate_expr is not None:
             self.potential_expr = self.antiderivative_conjugate_expr - u**2 / 2
