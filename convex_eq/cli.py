@@ -71,6 +71,13 @@ def cmd_tour(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    run(out=args.out, quick=args.quick, progress=not args.no_progress)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convex-eq", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show Python tracebacks")
@@ -81,11 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--regularizer", choices=["auto", "prox", "gradient"])
     d.add_argument("--deep-form", choices=["composition", "multiblock"])
     d.set_defaults(func=cmd_derive)
-    for name, helptext in (("tour", "objective-language tour"),
-                           ("demo", "the main demo (currently: the objective-language tour)")):
-        t = sub.add_parser(name, help=helptext)
-        t.add_argument("--seed", type=int, default=0)
-        t.set_defaults(func=cmd_tour)
+    t = sub.add_parser("tour", help="objective-language tour (declare, certify, export, derive)")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_tour)
+    dm = sub.add_parser("demo", help="derive, verify, edit and train on load_digits (< 5 min)")
+    dm.add_argument("--quick", action="store_true", help="< 1 minute version (smoke test)")
+    dm.add_argument("--out", default="convex_eq_out", help="output folder (report + plots)")
+    dm.add_argument("--no-progress", action="store_true", help="hide tqdm progress bars")
+    dm.set_defaults(func=cmd_demo)
     return p
 
 

@@ -30,17 +30,17 @@ IMAGE = (1, 8, 8)
 class DemoConfig:
     """Sizes and budgets (``quick`` shrinks them for the < 1 minute smoke run)."""
 
-    channels: int = 16
-    epochs: int = 14
+    channels: int = 32
+    epochs: int = 15
     batch: int = 64
-    lr: float = 5e-3
+    lr: float = 1e-2
     tol: float = 1e-4
     max_iter: int = 40
-    l1: float = 0.02
+    l1: float = 0.01
     alpha: float = 0.5
     gamma: float = 0.05
-    verify_inputs: int = 3
-    pool: str = "avg"
+    verify_inputs: int = 2
+    pool: str = "max"
     quick: bool = False
     seed: int = 0
 
@@ -63,29 +63,34 @@ class Result:
 
 # ----------------------------------------------------------------------------- data
 def load_data(seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """``load_digits`` (bundled with scikit-learn), scaled to [0, 1], 80/20 stratified split."""
+    """``load_digits`` (bundled with scikit-learn), standardized, 80/20 stratified split."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32).reshape(-1, *IMAGE)
+    x = x.astype(np.float32).reshape(-1, *IMAGE)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    return (torch.as_tensor(xtr), torch.as_tensor(ytr), torch.as_tensor(xte),
-            torch.as_tensor(yte))
+    mu, sd = xtr.mean(), xtr.std()
+    return (torch.as_tensor((xtr - mu) / sd), torch.as_tensor(ytr),
+            torch.as_tensor((xte - mu) / sd), torch.as_tensor(yte))
 
 
 # ----------------------------------------------------------------------------- objectives
 def objectives(cfg: DemoConfig) -> dict[str, Any]:
-    """The base OptEq objective and its three edits."""
-    base = models.opteq(conv=(cfg.channels, 3), image=IMAGE, form="conjugate", seed=cfg.seed)
+    """The base OptEq objective (conv, canonical form) and its three edits."""
+    base = models.opteq(conv=(cfg.channels, 3), image=IMAGE, seed=cfg.seed)
     z = base.states[0]
     return {
         "OptEq": base,
-        "OptEq + ℓ1 (prox)": base + cfg.l1 * L1(z),
+        "OptEq + ℓ1": base + cfg.l1 * L1(z),
         "OptEq Moreau skip": cfg.alpha * moreau(base, 1.0 - cfg.alpha),
         "GEQ (Gaussian kernel)": models.geq(conv=(cfg.channels, 3), image=IMAGE, patch=2, h=8,
                                            gamma=cfg.gamma, seed=cfg.seed),
     }
+
+
+#: weights kept at spectral norm ≤ bound during training (convexity / contraction certificates)
+WEIGHT_BOUNDS = {"GEQ (Gaussian kernel)": {"W": 1.0, "W_h": 1.0}}
 
 
 def derivation_diff(base: Any, other: Any) -> str:
@@ -99,13 +104,16 @@ def derivation_diff(base: Any, other: Any) -> str:
 class EquilibriumClassifier(nn.Module):
     """Derived equilibrium layer → 2×2 average pool → linear head."""
 
-    def __init__(self, derived: Any, cfg: DemoConfig, solver: str = "anderson"):
+    def __init__(self, derived: Any, cfg: DemoConfig, solver: str = "anderson",
+                 weight_bounds: dict[str, float] | None = None):
         super().__init__()
-        wc = "spectral_norm" if derived.certificate is not None and \
-            derived.certificate.kind == "conditional" else None
+        certified = derived.certificate is not None and derived.certificate.kind == "conditional"
+        wc = "spectral_norm" if certified or weight_bounds else None
         self.eq = derived.torch_module(solver=solver, tol=cfg.tol, max_iter=cfg.max_iter,
+                                       backward_max_iter=2 * cfg.max_iter,
                                        on_nonconvergence="warn", weight_control=wc,
-                                       margin=0.02, dtype=torch.float32)
+                                       weight_bounds=weight_bounds, margin=0.02,
+                                       dtype=torch.float32)
         c = derived.blocks[0].shape[0]
         pool = nn.MaxPool2d(2) if cfg.pool == "max" else (
             nn.AvgPool2d(2) if cfg.pool == "avg" else nn.Identity())
@@ -307,7 +315,7 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
     results, trained = [], {}
     for name, d in derived.items():
         torch.manual_seed(cfg.seed)
-        model = EquilibriumClassifier(d, cfg)
+        model = EquilibriumClassifier(d, cfg, weight_bounds=WEIGHT_BOUNDS.get(name))
         results.append(train(model, data, cfg, name, progress))
         trained[name] = model
     mlp = mlp_with(results[0].params)
@@ -321,7 +329,7 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
     traces = residual_traces(base, trained["OptEq"].eq.state_dict(), xte[:64])
     with torch.no_grad():
         sparsity = {n: trained[n].features(xte).numpy().ravel()
-                    for n in ("OptEq", "OptEq + ℓ1 (prox)")}
+                    for n in ("OptEq", "OptEq + ℓ1")}
     plots = write_plots(out, results, traces, sparsity)
     total = time.perf_counter() - t_start
     report = _report(cfg, derived, results, plots, traces, sparsity, total)

@@ -41,7 +41,8 @@ class EquilibriumModule(nn.Module):
                  backward_tol: float | None = None, backward_max_iter: int | None = None,
                  phantom_steps: int = 1, phantom_damping: float = 1.0, unroll_steps: int = 20,
                  on_nonconvergence: str = "raise", weight_control: str | None = None,
-                 margin: float = 0.01, sam: SAMConfig | None = None,
+                 margin: float = 0.01, weight_bounds: dict[str, float] | None = None,
+                 sam: SAMConfig | None = None,
                  dtype: torch.dtype = torch.float32, learnable_constants: bool = False):
         super().__init__()
         get_solver(solver)
@@ -81,7 +82,10 @@ class EquilibriumModule(nn.Module):
                 self.register_buffer(f"scalar_{s.name}",
                                      torch.tensor(float(s.value), dtype=torch.float64))
                 self._scalar_names.append(s.name)
-        self.weight_control = WeightControl(derived, weight_control, margin) \
+        if weight_bounds and weight_control is None:
+            raise OptionError("weight_bounds needs weight_control='spectral_norm' or 'project'",
+                              term="torch_module")
+        self.weight_control = WeightControl(derived, weight_control, margin, weight_bounds) \
             if weight_control is not None else None
         self.last_stats: SolverStats | None = None
 

@@ -32,7 +32,8 @@ def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
 class WeightControl:
     """Applies the chosen control to every weight with a spectral-norm condition."""
 
-    def __init__(self, derived: Any, mode: str, margin: float):
+    def __init__(self, derived: Any, mode: str, margin: float,
+                 bounds: dict[str, float] | None = None):
         if mode not in MODES:
             raise OptionError(f"unknown weight_control {mode!r}", term="torch_module",
                               hint=f"use one of {MODES}")
@@ -44,9 +45,14 @@ class WeightControl:
             ws = [s for s in op.symbols() if s.kind == "weight"]
             if len(ws) == 1:
                 self.targets.append((op, ws[0].name, bound - margin))
+        for name, bound in (bounds or {}).items():
+            op = _operator_for(derived, name)
+            self.targets = [t for t in self.targets if t[1] != name]
+            self.targets.append((op, name, bound - margin))
         if not self.targets:
             raise OptionError("weight control requested but the certificate has no "
-                              "||W||₂ ≤ bound condition", term="torch_module")
+                              "||W||₂ ≤ bound condition", term="torch_module",
+                              hint="name the weights to control: weight_bounds={'W': 1.0}")
         self._vecs: dict[str, torch.Tensor] = {}
 
     def _power(self, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
@@ -57,9 +63,14 @@ class WeightControl:
             v = torch.randn(1, op.in_size, generator=g, dtype=torch.float64).to(w)
         with torch.no_grad():
             detached = {**env, name: w.detach()}
-            for _ in range(iters):
+            prev = 0.0
+            for _ in range(iters):  # warm-started; stops once σ̂² changes by < 1e-5
                 u = op.adjoint(op.apply(v, detached), detached)
-                v = u / u.norm().clamp_min(1e-30)
+                un = float(u.norm())
+                v = u / max(un, 1e-30)
+                if abs(un - prev) <= 1e-5 * un:
+                    break
+                prev = un
         self._vecs[name] = v
         return op.apply(v, env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
 
@@ -73,6 +84,32 @@ class WeightControl:
                         module.weights[name].mul_(target / sig)
                 env[name] = module.weights[name]
             else:
-                sig = self._power(op, name, env, 3 if name in self._vecs else 50)
+                sig = self._power(op, name, env, 50)
                 env[name] = env[name] * torch.clamp(target / sig, max=1.0)
         return env
+
+
+def _operator_for(derived: Any, name: str) -> Any:
+    """The linear operator applying weight ``name`` (a Dense wrapper for plain matrices)."""
+    from convex_eq.operators import Compose, Dense
+
+    def walk(op: Any) -> Any:
+        if isinstance(op, Compose):
+            return walk(op.A) or walk(op.B)
+        syms = op.symbols() if hasattr(op, "symbols") else []
+        if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv2d"):
+            return op
+        return None
+
+    src = derived.source
+    layers = getattr(src, "layers", None) or [src]
+    for obj in layers:
+        for t in getattr(obj, "terms", []):
+            for a in t.args:
+                for e in a.entries:
+                    if e.op is not None and (found := walk(e.op)) is not None:
+                        return found
+    for s in derived.parameters:
+        if s.name == name and len(s.shape) == 2:
+            return Dense(s)
+    raise OptionError(f"no weight named '{name}' to control", term="torch_module")

@@ -27,6 +27,8 @@ class L1(Term):
     label = "ℓ1 norm"
     base_curvature = "convex"
     smooth = False
+    #: the prox acts coordinate-wise (used by rules that compose 1-D proxes)
+    separable = True
 
     def __init__(self, u: Any):
         super().__init__(u)

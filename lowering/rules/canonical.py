@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from convex_eq.objective import Objective
@@ -13,7 +13,7 @@ from convex_eq.terms.potential import act_latex as _sig
 from convex_eq.terms.quadratic import SqNorm
 
 from ..derived import DerivedLayer
-from ..nodes import GradSum, Sigma
+from ..nodes import GradSum, Prox, Sigma, Var
 from ..trace import Claim, Contraction, Derivation, Step
 from .common import certificate, claim_from_certificate, sum_lip_text
 
@@ -23,6 +23,16 @@ class CanonicalMatch:
     potentials: dict[str, Potential]
     unit_sq: dict[str, SqNorm]
     rest: list[Term]
+    extra_prox: dict[str, Term] = field(default_factory=dict)
+
+
+def _interval_potential(p: Potential) -> bool:
+    """f_σ is the indicator of an interval (or 0): σ is the projection onto it."""
+    return p.act.name in ("relu", "hardtanh", "clamp", "identity")
+
+
+def _separable_prox(t: Term) -> bool:
+    return bool(getattr(t, "separable", False)) and t.has_prox and t.prox_state is not None
 
 
 def _differentiable(t: Term) -> bool:
@@ -49,9 +59,18 @@ def match(obj: Any) -> CanonicalMatch | None:
     names = [b.name for b in obj.states]
     if set(pots) != set(names) or set(sqs) != set(names):
         return None
-    if not all(_differentiable(t) for t in rest):
+    extra: dict[str, Term] = {}
+    smooth_rest = []
+    for t in rest:
+        s = t.prox_state
+        if not _differentiable(t) and s is not None and _separable_prox(t) \
+                and _interval_potential(pots[s.name]) and s.name not in extra:
+            extra[s.name] = t
+        else:
+            smooth_rest.append(t)
+    if not all(_differentiable(t) for t in smooth_rest):
         return None
-    return CanonicalMatch(pots, sqs, rest)
+    return CanonicalMatch(pots, sqs, smooth_rest, extra)
 
 
 def lower(m: CanonicalMatch, obj: Objective) -> DerivedLayer:
@@ -71,15 +90,27 @@ def lower(m: CanonicalMatch, obj: Objective) -> DerivedLayer:
     for b in blocks:
         grad = GradSum(m.rest, b, sign=-1.0)
         act = m.potentials[b.name].act
-        nodes[b.name] = Sigma(act, grad)
+        g = m.extra_prox.get(b.name)
+        nodes[b.name] = Sigma(act, grad if g is None else Prox(g, grad))
+        if g is not None:
+            d.add(Step(
+                "separable prox with an interval potential",
+                f"f_σ is the indicator of an interval ({act.name}) and {g} is separable with a "
+                "closed-form prox: in 1-D, prox_{ι_I + g} = proj_I ∘ prox_g",
+                f"prox_{{f_{act.name} + {g}}}(v)", f"{act.name}({Prox(g, Var(b)).text()})",
+                f"\\mathrm{{prox}}_{{f + {g.latex()}}}(v)",
+                f"{_sig(act)}\\big({Prox(g, Var(b)).latex()}\\big)",
+                note=f"exact: fixed points are stationary points of G including {g} "
+                     "(no envelope)",
+            ))
         d.add(Step(
             "stationarity ⇔ fixed point (forward–backward, unit step)",
             "0 ∈ ∂f_σ(z) + z − ∇S(z) ⇔ z = prox_{f_σ}(∇S(z)) = σ(∇S(z))",
             f"0 ∈ ∂f_{act.name}({b.name}) + {b.name} − ∇_{b.name}S(z)",
-            f"{b.name} = {act.name}({grad.text()})",
+            f"{b.name} = {nodes[b.name].text()}",
             f"0 \\in \\partial f_{{{_sig(act)}}}({b.latex()}) + {b.latex()} - "
             f"\\nabla_{{{b.latex()}}} S(z)",
-            f"{b.latex()} = {_sig(act)}\\big({grad.latex()}\\big)",
+            f"{b.latex()} = {nodes[b.name].latex()}",
             note="∇S assembled from the terms' own gradient rules",
         ))
     cert = certificate(obj)

@@ -1,0 +1,1 @@
+"""``convex-eq bench``: the emitted module against cvxpylayers, a hand-written loop and torchdeq."""

@@ -1,0 +1,571 @@
+"""``verify.check``: is the layer's equilibrium what its derivation claims (MATH §9)?
+
+1. the equilibrium, by a tight float64 solve of ``z = T(z, x)`` with the target's current weights;
+2. the certificate at these weights ("claim not certified here: <condition>" when violated);
+3. the reference chosen by MATH §9 and the claim — CVXPY (DCP-exportable), the certified-convex
+   numeric reference (convex, not DCP), the local reference (non-convex: never "minimizer"),
+   Corollary 1 / Theorem 2 for deep models, the value-function reformulation for SAM;
+4. relative state error, objective gap, optimality residual ``||z - T(z)||`` (the lowering's
+   forward–backward map: ``prox_g(z - ∇h(z))`` with unit step for the canonical rule), an
+   independent projected-gradient stationarity residual, pass/fail against ``Tolerances``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from convex_eq.certificate import certify
+from convex_eq.composition import DeepComposition
+from convex_eq.errors import ExportError, OptionError
+from convex_eq.objective import Objective
+from lowering.derived import DerivedLayer
+from lowering.module import EquilibriumModule
+
+from .equilibrium import (
+    environment,
+    equilibrium,
+    fresh_module,
+    info_from_stats,
+    operator,
+    prepare_inputs,
+    resolve_target,
+)
+from .gradients import gradient_check
+from .lifting import lift
+from .references import (
+    CvxpyOutcome,
+    cvxpy_reference,
+    deep_blocks,
+    inclusion_residuals,
+    local_reference,
+    numeric_reference,
+    objective_value,
+    reference_solver_options,
+    sam_reference,
+    wide_solution,
+)
+from .report import EquilibriumInfo, ReferenceInfo, Report, SampleResult, Tolerances
+
+T64 = torch.float64
+REFERENCES = ("auto", "cvxpy", "numeric", "local")
+NEEDS_CERTIFICATE = ("minimizer", "modified minimizer", "inclusion")
+
+
+@dataclass
+class CertificateAt:
+    """The certificate evaluated at the verified weights."""
+
+    text: str
+    kind: str
+    certified: bool
+    violated: list[str] = field(default_factory=list)
+
+
+def certificate_at(derived: DerivedLayer, env: Mapping[str, torch.Tensor]) -> CertificateAt:
+    """Convexity certificate of the claim's objective at ``env`` (deep models: the layers'
+    Theorem 1 conditions, which Corollary 1 / Theorem 2 assume)."""
+    src = derived.source
+    if isinstance(src, DeepComposition):
+        conds = list(derived.info.get("conditions", []))
+        violated = [c.describe(env) for c in conds if not c.holds(env)]
+        if not conds:
+            return CertificateAt("layers convex", "convex", True)
+        text = "layers convex if " + " and ".join(c.describe(env) for c in conds)
+        return CertificateAt(text, "conditional", not violated, violated)
+    cert = certify(src, env)
+    if cert.kind == "nonconvex":
+        return CertificateAt(cert.text, "nonconvex", False)
+    violated = [c.describe(env) for c in cert.conditions if not c.holds(env)]
+    return CertificateAt(cert.text, cert.kind, cert.holds, violated)
+
+
+def _tolerances(tol: Tolerances | float | Mapping[str, float] | None) -> Tolerances:
+    if tol is None:
+        return Tolerances()
+    if isinstance(tol, Tolerances):
+        return tol
+    if isinstance(tol, (int, float)):
+        return Tolerances(rel_error=float(tol))
+    if isinstance(tol, Mapping):
+        return Tolerances(**{k: float(v) for k, v in tol.items()})
+    raise OptionError(f"tol must be a Tolerances, a float or a dict, got {type(tol).__name__}",
+                      term="verify.check")
+
+
+def _env_for(obj: Any, env: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    names = {s.name for s in obj.symbols if s.kind in ("weight", "constant", "scalar")}
+    return {k: v for k, v in env.items() if k in names}
+
+
+def _flat(z: Mapping[str, np.ndarray], names: list[str]) -> np.ndarray:
+    return np.concatenate([np.asarray(z[k], dtype=np.float64).reshape(-1) for k in names])
+
+
+def _rel_err(a: np.ndarray, ref: np.ndarray, floor: float) -> tuple[float, float]:
+    d = float(np.linalg.norm(a - ref))
+    return d / max(float(np.linalg.norm(ref)), floor), d
+
+
+class _Run:
+    """State of one ``check`` call (kept together so each reference path stays short)."""
+
+    def __init__(self, derived: DerivedLayer, module: EquilibriumModule | None,
+                 inputs: dict[str, torch.Tensor], env: dict[str, torch.Tensor], tols: Tolerances,
+                 opts: dict[str, Any], starts: int, seed: int, reference: str):
+        self.derived, self.module, self.inputs, self.env = derived, module, inputs, env
+        self.tols, self.opts, self.starts, self.reference = tols, opts, starts, reference
+        self.rng = np.random.default_rng(seed)
+        self.bsz = next(iter(inputs.values())).shape[0] if inputs else 1
+        self.failures: list[str] = []
+        self.notes: list[str] = []
+        self.rules: dict[str, bool] = {}
+        self.samples = [SampleResult(i) for i in range(self.bsz)]
+        self.ref = ReferenceInfo("none", "no reference")
+        self.label = derived.claim.kind
+        self.z_ref: np.ndarray | None = None
+        self.compare_names: list[str] = [b.name for b in derived.blocks]
+
+    # ---------------------------------------------------------------- helpers
+    def sample_inputs_np(self, b: int) -> dict[str, np.ndarray]:
+        return {k: v[b].numpy() for k, v in self.inputs.items()}
+
+    def sample_inputs_t(self, b: int) -> dict[str, torch.Tensor]:
+        return {k: v[b:b + 1] for k, v in self.inputs.items()}
+
+    def layer_state(self, b: int) -> dict[str, np.ndarray]:
+        return {k: v[b].numpy() for k, v in self.states.items()}
+
+    def rule(self, name: str, ok: bool, message: str) -> None:
+        self.rules[name] = self.rules.get(name, True) and ok
+        if not ok:
+            self.failures.append(message)
+
+    def independent_stationarity(self, obj: Objective, b: int) -> float | None:
+        """Projected gradient of the lifted objective at the layer's state (autograd)."""
+        p = lift(obj, self.sample_inputs_t(b), _env_for(obj, self.env))
+        v = p.lift_point(self.layer_state(b))
+        if v is None:
+            return None
+        return p.projected_gradient(v) / max(1.0, float(np.linalg.norm(v)))
+
+    # ---------------------------------------------------------------- references
+    def run_cvxpy(self, obj: Objective, label: str) -> bool:
+        """CVXPY per sample; returns False (nothing recorded) if the objective is not DCP and
+        the caller may fall back to the numeric reference."""
+        env = _env_for(obj, self.env)
+        outs: list[CvxpyOutcome] = []
+        for b in range(self.bsz):
+            try:
+                outs.append(cvxpy_reference(obj, self.sample_inputs_np(b), env, self.opts))
+            except ExportError as err:
+                if self.reference == "auto":
+                    self.notes.append(f"not DCP-exportable ({err.reason}): using the "
+                                      "certified-convex numeric reference (MATH §9.2)")
+                    return False
+                self.ref = ReferenceInfo("cvxpy", "CVXPY", ok=False,
+                                         failure=f"not DCP-exportable: {err}")
+                self.rule("reference", False, f"reference unavailable: not DCP-exportable "
+                          f"({err.reason})")
+                return True
+        solver = outs[0].solver if outs else ""
+        self.ref = ReferenceInfo("cvxpy", f"CVXPY on {obj.name or 'the claim objective'}"
+                                 f" ({len(outs)} exported instance(s))", solver,
+                                 [o.status for o in outs], _tol_dict(self.opts))
+        bad = [b for b, o in enumerate(outs) if not o.ok]
+        if bad:
+            o = outs[bad[0]]
+            self.ref.ok = False
+            self.ref.failure = f"status {o.status}"
+            self.rule("reference", False, f"reference solver failed: {o.solver} status "
+                      f"'{o.status}' on sample(s) {bad}" + (f" ({o.message})" if o.message else "")
+                      + " — not compared")
+        else:
+            self.rules["reference"] = True
+        refs = []
+        for b, o in enumerate(outs):
+            s = self.samples[b]
+            s.status = o.status
+            if not o.ok:
+                s.notes.append(f"reference {o.status}: not compared")
+                continue
+            zl = self.layer_state(b)
+            a, r = _flat(zl, self.compare_names), _flat(o.states, self.compare_names)
+            refs.append(r)
+            s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+            s.reference_objective = o.value
+            g = objective_value(obj, zl, self.sample_inputs_np(b), env, exported=o.exported,
+                                opts=self.opts)
+            s.objective = g
+            s.gap = None if g is None else (g - o.value) / max(1.0, abs(o.value))
+            if s.stationarity is None:
+                s.stationarity = self.independent_stationarity(obj, b)
+            s.label = label
+        if not bad:
+            self.z_ref = np.stack(refs)
+            self.label = label
+            self.check_rel_gap(self.tols.rel_error)
+        self.check_stationarity()
+        return True
+
+    def run_numeric(self, obj: Objective, label: str) -> None:
+        env = _env_for(obj, self.env)
+        refs, stats, msgs = [], [], set()
+        for b in range(self.bsz):
+            out = numeric_reference(obj, self.sample_inputs_t(b), env)
+            s = self.samples[b]
+            zl = self.layer_state(b)
+            a, r = _flat(zl, self.compare_names), _flat(out.states, self.compare_names)
+            refs.append(r)
+            s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+            s.reference_objective = out.value
+            g = objective_value(obj, zl, self.sample_inputs_np(b), env, lifted=out.problem)
+            s.objective = g
+            s.gap = None if g is None else (g - out.value) / max(1.0, abs(out.value))
+            s.reference_stationarity = out.stationarity
+            if s.stationarity is None:
+                s.stationarity = self.independent_stationarity(obj, b)
+            s.status = "stationary" if out.stationarity <= self.tols.reference_stationarity \
+                else "not stationary"
+            s.label = label
+            stats.append(out.stationarity)
+            msgs.add(out.result.method)
+        self.ref = ReferenceInfo(
+            "numeric", "certified-convex numeric reference: the lifted objective minimized "
+            "from an interior start, independent of the layer", " / ".join(sorted(msgs)),
+            [s.status for s in self.samples],
+            {"gtol": 1e-12, "ftol": 1e-16, "newton_stop": 1e-14}, 1)
+        worst = max(stats)
+        ok = worst <= self.tols.reference_stationarity
+        self.ref.ok = ok
+        self.rule("reference_stationarity", ok, f"reference solver failed: numeric reference "
+                  f"not stationary (projected gradient {worst:.3e} > "
+                  f"{self.tols.reference_stationarity:g}) — not a certified minimizer")
+        self.rules["reference"] = ok
+        self.z_ref = np.stack(refs)
+        self.label = label
+        self.check_rel_gap(self.tols.rel_error)
+        self.check_stationarity()
+
+    def check_rel_gap(self, rel_tol: float, gap: bool = True) -> None:
+        errs = [s.rel_error for s in self.samples if s.rel_error is not None]
+        if errs:
+            worst = max(errs)
+            self.rule("rel_error", worst <= rel_tol,
+                      f"relative error {worst:.3e} > {rel_tol:g} (layer vs reference)")
+        gaps = [abs(s.gap) for s in self.samples if s.gap is not None]
+        if gap and gaps:
+            worst = max(gaps)
+            self.rule("gap", worst <= self.tols.gap,
+                      f"objective gap {worst:.3e} > {self.tols.gap:g}")
+
+    def check_stationarity(self) -> None:
+        if "inclusion_gradient-form" in self.rules:
+            return
+        stats = [s.stationarity for s in self.samples if s.stationarity is not None]
+        if stats:
+            worst = max(stats)
+            self.rule("stationarity", worst <= self.tols.stationarity,
+                      f"independent stationarity residual {worst:.3e} > "
+                      f"{self.tols.stationarity:g}")
+
+    def run_local(self, obj: Objective) -> None:
+        env = _env_for(obj, self.env)
+        labels = []
+        refs = []
+        for b in range(self.bsz):
+            out = local_reference(obj, self.sample_inputs_t(b), env, self.layer_state(b),
+                                  self.starts, self.rng)
+            s = self.samples[b]
+            s.stationarity = out.stationarity
+            if out.nearest is not None:
+                a = _flat(self.layer_state(b), self.compare_names)
+                r = _flat(out.nearest, self.compare_names)
+                refs.append(r)
+                s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+            s.objective = out.layer_value
+            s.reference_objective = out.best_value
+            if out.layer_value is not None and math.isfinite(out.best_value):
+                s.gap = (out.layer_value - out.best_value) / max(1.0, abs(out.best_value))
+                if s.gap > self.tols.gap:
+                    s.notes.append(f"a start reached a lower value (by {s.gap:.3e}): the "
+                                   "equilibrium is not a global minimizer")
+            so_info = out.second_order
+            if so_info is not None:
+                s.lambda_min = so_info["lambda_min"]
+                s.second_order = so_info["verdict"]
+            s.label = "local minimizer" if s.second_order == "local minimizer" else \
+                "stationary point"
+            s.status = f"{out.at_layer}/{out.starts} starts at the layer's state"
+            labels.append(s.label)
+        self.ref = ReferenceInfo(
+            "local", "local reference: multi-start L-BFGS-B on the lifted objective (one start "
+            "next to the layer's state, the others random), stationarity residual and "
+            "second-order check (reduced Hessian, strict complementarity)",
+            "scipy L-BFGS-B (exact autograd gradients)", [s.status for s in self.samples],
+            {"gtol": 1e-11, "hessian": "central differences of exact gradients"},
+            max(1, self.starts))
+        self.rules["reference"] = True
+        self.z_ref = np.stack(refs) if len(refs) == self.bsz else None
+        self.label = "local minimizer" if labels and all(
+            lab == "local minimizer" for lab in labels) else "stationary point"
+        if any(s.stationarity is not None for s in self.samples):
+            self.check_stationarity()
+        else:
+            self.notes.append("independent stationarity residual unavailable (the lifted "
+                              "variables are not determined by the state); the fixed-point "
+                              "residual is the stationarity certificate")
+        self.notes.append("non-convex objective: the equilibrium is verified as a stationary "
+                          "point (local minimizer where the second-order check is conclusive), "
+                          "never as a global minimizer")
+
+    def run_deep(self, comp: DeepComposition) -> None:
+        blocks_t = deep_blocks(self.derived, self.states_t, self.inputs, self.env)
+        self.states = {k: v.detach() for k, v in blocks_t.items()}
+        self.compare_names = [b.name for b in comp.blocks]
+        inc = inclusion_residuals(comp, blocks_t, self.inputs, self.env)
+        for b in range(self.bsz):
+            s = self.samples[b]
+            for key in ("prox-form", "gradient-form"):
+                vals = [float(r[key][b]) for r in inc.values() if key in r]
+                if vals:
+                    s.block_residuals[key] = max(vals)
+            if "gradient-form" in s.block_residuals:
+                s.stationarity = s.block_residuals["gradient-form"]
+        for key in ("prox-form", "gradient-form"):
+            vals = [s.block_residuals[key] for s in self.samples if key in s.block_residuals]
+            if vals:
+                self.rule(f"inclusion_{key}", max(vals) <= self.tols.residual,
+                          f"Theorem 2 {key} residual {max(vals):.3e} > {self.tols.residual:g}")
+        y = wide_solution(comp, self.inputs, self.env)
+        for b in range(self.bsz):
+            d = max(float((blocks_t[k][b] - y[b]).norm()) for k in self.compare_names)
+            self.samples[b].theorem3_distance = d / max(float(y[b].norm()),
+                                                        self.tols.scale_floor)
+        a = comp.alpha_value()
+        if comp.L == 2 and a < 1.0:
+            obj = comp.corollary1_objective()
+            lab = "minimizer (Corollary 1)"
+            done = self.reference in ("auto", "cvxpy") and self.run_cvxpy(obj, lab)
+            if not done:
+                self.run_numeric(obj, "minimizer (Corollary 1; convex, numeric reference)")
+            self.ref.kind = "corollary1-" + self.ref.kind
+            self.ref.description = "Corollary 1: (z_1, z_0) minimizes α M^{1-α}[φ_1](z_1) + " \
+                "α M^{1-α}[φ_2](z_0) + ½||z_1 - z_0||²; " + self.ref.description
+        else:
+            self.ref = ReferenceInfo(
+                "inclusion", "Theorem 2 inclusion 0 ∈ ∂Φ(z̃) + (I − P)z̃ block by block: prox "
+                "form ||z_i − (α prox_φi + (1−α) id)(z_{i−1})|| and gradient form "
+                "||∇(α M^{1−α}_φi)(z_i) + z_i − z_{i−1}|| (∇ of the envelope by MATH §9.2 with "
+                "a Newton solve of prox_{κψ}); no objective exists for L ≥ 3",
+                "semismooth Newton (prox_{κψ})", ["computed"] * self.bsz)
+            self.rules["reference"] = True
+            self.label = "inclusion (Theorem 2)"
+            for s in self.samples:
+                s.label = self.label
+        self.notes.append(f"Theorem 3 (informational): relative distance of the blocks to the "
+                          f"wide solution at α = {a:g}; it tends to 0 only as α → 0")
+
+    def run_sam(self, obj: Objective) -> None:
+        cfg = self.module.sam  # type: ignore[union-attr]
+        env = _env_for(obj, self.env)
+        outs = []
+        delta = math.nan
+        for b in range(self.bsz):
+            o, delta = sam_reference(obj, cfg.R, self.sample_inputs_np(b), env, self.opts)
+            outs.append(o)
+        self.ref = ReferenceInfo(
+            "sam", f"argmin_(Fix T) R by value function: min R s.t. φ(z) ≤ φ* + δ "
+            f"(δ = {delta:.1e}; reference error O(√δ)); Fix T = argmin φ", outs[0].solver,
+            [o.status for o in outs], _tol_dict(self.opts))
+        bad = [b for b, o in enumerate(outs) if not o.ok]
+        if bad:
+            self.ref.ok = False
+            self.rule("reference", False, f"reference solver failed: {outs[bad[0]].solver} "
+                      f"status '{outs[bad[0]].status}' on sample(s) {bad} — not compared")
+            return
+        self.rules["reference"] = True
+        refs = []
+        for b, o in enumerate(outs):
+            s = self.samples[b]
+            a, r = _flat(self.layer_state(b), self.compare_names), _flat(o.states,
+                                                                        self.compare_names)
+            refs.append(r)
+            s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+            s.status = o.status
+            s.label = "argmin over Fix T of R (Theorem 5)"
+        self.z_ref = np.stack(refs)
+        self.label = "argmin over Fix T of R (Theorem 5)"
+        self.check_rel_gap(self.tols.sam, gap=False)
+
+
+def _tol_dict(opts: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in opts.items() if k != "solver"}
+
+
+def check(target: Any, x: Any, *, gradients: bool = False,
+          tol: Tolerances | float | Mapping[str, float] | None = None, starts: int = 5,
+          seed: int = 0, reference: str = "auto",
+          solver_options: Mapping[str, Any] | None = None) -> Report:
+    """Verify the equilibrium of ``target`` (a ``DerivedLayer`` or an emitted
+    ``EquilibriumModule``, with its current weights) at inputs ``x`` against its claim.
+
+    ``tol``: a ``Tolerances`` (or a float: the relative-error tolerance); ``starts``: number of
+    starts of the local reference; ``reference``: "auto" (MATH §9) | "cvxpy" | "numeric" |
+    "local"; ``solver_options``: CVXPY options (default Clarabel, gap/feasibility 1e-11; SCS only
+    with eps ≤ 1e-9); ``gradients``: also compare ``dℓ/dx`` with cvxpylayers and finite
+    differences (DCP-exportable objectives)."""
+    t0 = time.perf_counter()
+    if reference not in REFERENCES:
+        raise OptionError(f"unknown reference {reference!r}", term="verify.check",
+                          hint=f"use one of {REFERENCES}")
+    if starts < 1:
+        raise OptionError("starts must be ≥ 1", term="verify.check")
+    derived, module = resolve_target(target)
+    tols = _tolerances(tol)
+    opts = reference_solver_options(solver_options)
+    env = environment(derived, module)
+    inputs = prepare_inputs(derived, x)
+    run = _Run(derived, module, inputs, env, tols, opts, starts, seed, reference)
+    src = derived.source
+    claim = derived.claim
+    sam = getattr(module, "sam", None) if module is not None else None
+
+    # 1. equilibrium -------------------------------------------------------------------------
+    if sam is not None:
+        z, eq = _sam_equilibrium(derived, module, inputs, env)
+    else:
+        z, eq = equilibrium(derived, inputs, env, tol=tols.equilibrium)
+    f = operator(derived, inputs, env)
+    with torch.no_grad():
+        tz = f(z)
+    res = (z - tz).norm(dim=-1) / z.norm(dim=-1).clamp_min(1.0)
+    for b in range(run.bsz):
+        run.samples[b].residual = float(res[b])
+    run.states_t = derived.split(z)
+    run.states = {k: v.detach() for k, v in run.states_t.items()}
+    res_tol = tols.sam if sam is not None else tols.residual
+    worst = float(res.max())
+    run.rule("equilibrium", eq.converged or worst <= res_tol,
+             f"equilibrium not found: {eq.solver} stopped at relative residual "
+             f"{eq.max_residual:.3e} (tol {eq.tol:g})")
+    run.rule("residual", worst <= res_tol,
+             f"optimality residual ||z - T(z)||/max(1,||z||) = {worst:.3e} > {res_tol:g}")
+
+    # 2. certificate ------------------------------------------------------------------------
+    cert = certificate_at(derived, env)
+    needs = claim.kind in NEEDS_CERTIFICATE or sam is not None
+    not_certified = needs and not cert.certified
+    if needs:
+        run.rule("certificate", cert.certified,
+                 "claim not certified here: " + ("; ".join(cert.violated) or cert.text))
+    if not_certified:
+        run.notes.append(f"the claim '{claim.kind}' needs the certificate; at these weights it "
+                         f"does not hold, so the equilibrium is checked as a stationary point "
+                         f"only (local reference)")
+
+    # 3. reference ---------------------------------------------------------------------------
+    if isinstance(src, DeepComposition):
+        if not_certified:
+            run.notes.append("deep model with violated layer conditions: Corollary 1 / Theorem 2 "
+                             "residuals are reported but certify nothing")
+        run.run_deep(src)
+    elif sam is not None:
+        run.run_sam(src)
+    elif isinstance(src, Objective):
+        convex_claim = claim.kind in ("minimizer", "modified minimizer")
+        use_local = reference == "local" or not convex_claim or not_certified
+        if reference == "numeric" and not (convex_claim and cert.certified):
+            run.notes.append("numeric (convex) reference refused: the objective is not "
+                             "certified convex here; using the local reference")
+        if use_local:
+            run.run_local(src)
+        else:
+            numeric_label = f"{claim.kind} (convex, numeric reference)"
+            done = reference in ("auto", "cvxpy") and run.run_cvxpy(src, claim.kind)
+            if not done:
+                run.run_numeric(src, numeric_label)
+            if claim.kind == "modified minimizer":
+                run.notes.append(f"modified minimizer: the reference minimizes the objective "
+                                 f"the prox-variant edit really has, {claim.objective_text}")
+    else:
+        run.rule("reference", False, f"reference unavailable: cannot verify a "
+                 f"{type(src).__name__} source")
+
+    # 4. gradients ---------------------------------------------------------------------------
+    grad_report = None
+    if gradients:
+        if isinstance(src, Objective) and run.ref.kind == "cvxpy" and sam is None:
+            grad_report = gradient_check(derived, inputs, env, seed=seed, tol=tols.gradient)
+            if not grad_report.passed:
+                bad = [f"{k} = {grad_report.errors[k]:.3e}" for k in grad_report.required
+                       if not grad_report.errors[k] <= grad_report.tolerance]
+                run.rule("gradients", False, f"gradient check failed: {', '.join(bad)} > "
+                         f"{grad_report.tolerance:g}")
+            else:
+                run.rules["gradients"] = True
+        else:
+            run.notes.append("gradient check skipped: it needs a DCP-exportable objective "
+                             "verified against CVXPY (cvxpylayers reference)")
+
+    if module is not None:
+        _module_note(run, module, inputs, z)
+    if not_certified and run.label.startswith(("minimizer", "modified")):
+        run.label = "stationary point"
+    z_layer = np.concatenate([run.states[k].numpy().reshape(run.bsz, -1)
+                              for k in run.compare_names], axis=1)
+    return Report(
+        target=_describe(derived, module), claim=claim.kind, claim_statement=claim.statement,
+        label=run.label, certificate=cert.text, certified=cert.certified,
+        violated=cert.violated, reference=run.ref, tolerances=tols, samples=run.samples,
+        equilibrium=eq, z_layer=z_layer, z_reference=run.z_ref, block_names=run.compare_names,
+        gradients=grad_report, failures=run.failures, notes=run.notes, pass_rules=run.rules,
+        elapsed=time.perf_counter() - t0)
+
+
+def _sam_equilibrium(derived: DerivedLayer, module: Any, inputs: dict[str, torch.Tensor],
+                     env: dict[str, torch.Tensor]) -> tuple[torch.Tensor, EquilibriumInfo]:
+    """SAM's own iteration (Theorem 5), float64, with the module's weights."""
+    m = fresh_module(derived, env, sam=module.sam)
+    x = inputs if len(inputs) > 1 else next(iter(inputs.values()))
+    with torch.no_grad():
+        out, st = m(x, return_stats=True)
+    outs = out if isinstance(out, tuple) else (out,)
+    z = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1)
+    return z, info_from_stats(f"SAM (ρ={module.sam.rho:g}, c={module.sam.c:g}, "
+                              f"{module.sam.max_iter} steps)", st, st.residuals, module.sam.tol)
+
+
+def _module_note(run: _Run, module: EquilibriumModule, inputs: dict[str, torch.Tensor],
+                 z: torch.Tensor) -> None:
+    """How far the module's own forward (its solver, tolerance and dtype) is from the tight
+    equilibrium (informational)."""
+    dt = next(iter(module.parameters()), torch.zeros((), dtype=T64)).dtype
+    x = {k: v.to(dt) for k, v in inputs.items()}
+    try:
+        with torch.no_grad():
+            out = module(x if len(x) > 1 else next(iter(x.values())))
+    except Exception as err:  # the module's own solver may refuse: say so
+        run.notes.append(f"module forward failed with its own settings: {err}")
+        return
+    outs = out if isinstance(out, tuple) else (out,)
+    zm = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1).to(T64)
+    if zm.shape == z.shape:
+        d = float((zm - z).norm() / z.norm().clamp_min(1e-3))
+        run.notes.append(f"module forward ({module.solver}, tol {module.tol:g}, {dt}) vs the "
+                         f"tight float64 equilibrium: relative difference {d:.3e} "
+                         "(informational; the check uses the tight solve with the module's "
+                         "weights)")
+
+
+def _describe(derived: DerivedLayer, module: EquilibriumModule | None) -> str:
+    src = derived.source
+    name = getattr(src, "name", "") or type(src).__name__
+    kind = "EquilibriumModule" if module is not None else "DerivedLayer"
+    return f"{kind} of {name} (blocks {', '.join(b.name for b in derived.blocks)})"

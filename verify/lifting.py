@@ -1,0 +1,439 @@
+"""Numeric lifting of an objective for the scipy references (MATH §9.2 and §9.3).
+
+``lift(obj, inputs, env)`` rewrites ``G`` as a function ``F(v)`` of free variable blocks with box
+bounds, mirroring the CVXPY export without the DCP restriction:
+
+* a state ``z`` with a conjugate term ``ψ*(z)``, ``ψ = s Σσ̃(Mz + q)``, becomes a dual block
+  ``y`` (bounds: the domain of ``σ̃*``) with ``z = s Mᵀ y`` and ``ψ*(z) → s(Σσ̃*(y) - <q, y>)``
+  (MATH §2, the y-form; convex exactly when the z-form is);
+* a Moreau envelope ``c·M^μ_f(v)`` whose inner ``f`` has no closed-form prox becomes an
+  auxiliary block ``u`` with ``c[f(u) + ||u - v||²/(2μ)]`` (inf-convolution, jointly convex when
+  ``f`` is: the inner envelope is computed by minimizing over ``u`` together with the rest);
+* every other term is evaluated by its own ``value`` rule; a potential ``Σf_σ(z)`` on a state
+  gives the box bounds ``z ∈ dom f_σ``.
+
+Gradients are exact (torch autograd of the terms' value rules, float64); Hessians for the
+second-order check are central differences of those exact gradients.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.optimize as so
+import torch
+
+from convex_eq.errors import ConvexEqError, ShapeError
+from convex_eq.objective import Objective
+from convex_eq.terms.conjugate import SeparableAffineConjugate
+from convex_eq.terms.moreau import MoreauEnvelope
+from convex_eq.terms.potential import Potential
+
+T64 = torch.float64
+_aux_ids = itertools.count()
+V = Mapping[str, torch.Tensor]
+
+
+@dataclass
+class Block:
+    """A block of free variables ``v[sl]`` with box bounds; ``origin`` state/dual/aux."""
+
+    name: str
+    size: int
+    lo: np.ndarray
+    hi: np.ndarray
+    origin: str
+    of: str
+    sl: slice = field(default_factory=lambda: slice(0, 0))
+
+
+@dataclass
+class Dual:
+    """State ``z = s Mᵀ y`` lifted to the dual block ``y`` (``M``: m × n)."""
+
+    block: str
+    M: np.ndarray
+    s: float
+
+
+@dataclass
+class MinResult:
+    """Outcome of a bound-constrained local minimization of ``F``."""
+
+    v: np.ndarray
+    f: float
+    pg: float
+    nit: int
+    message: str
+    success: bool
+    method: str
+
+
+@dataclass
+class LiftedProblem:
+    """``F(v) = Σ contributions(v)`` over stacked free blocks; ``state_fns`` map back to states."""
+
+    blocks: list[Block] = field(default_factory=list)
+    contributions: list[Callable[[V], torch.Tensor]] = field(default_factory=list)
+    state_fns: dict[str, Callable[[V], torch.Tensor]] = field(default_factory=dict)
+    duals: dict[str, Dual] = field(default_factory=dict)
+    top_states: list[str] = field(default_factory=list)
+    n: int = 0
+
+    # ------------------------------------------------------------------ structure
+    def add_block(self, name: str, size: int, lo: np.ndarray, hi: np.ndarray, origin: str,
+                  of: str) -> Block:
+        """Append a block of ``size`` free variables."""
+        b = Block(name, size, lo, hi, origin, of, slice(self.n, self.n + size))
+        self.blocks.append(b)
+        self.n += size
+        return b
+
+    @property
+    def lower(self) -> np.ndarray:
+        return np.concatenate([b.lo for b in self.blocks]) if self.blocks else np.zeros(0)
+
+    @property
+    def upper(self) -> np.ndarray:
+        return np.concatenate([b.hi for b in self.blocks]) if self.blocks else np.zeros(0)
+
+    def clip(self, v: np.ndarray) -> np.ndarray:
+        """Projection onto the box."""
+        return np.clip(v, self.lower, self.upper)
+
+    def split(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Flat ``(N,)`` → block name → ``(1, size)``."""
+        return {b.name: v[b.sl].reshape(1, b.size) for b in self.blocks}
+
+    # ------------------------------------------------------------------ evaluation
+    def value_t(self, v: torch.Tensor) -> torch.Tensor:
+        """``F(v)`` as a 0-d tensor (autograd-able)."""
+        parts = self.split(v)
+        tot = torch.zeros((), dtype=T64)
+        for c in self.contributions:
+            tot = tot + c(parts).sum()
+        return tot
+
+    def value(self, v: np.ndarray) -> float:
+        """``F(v)`` (``inf`` outside the domain)."""
+        with torch.no_grad():
+            return float(self.value_t(torch.as_tensor(v, dtype=T64)))
+
+    def fun_grad(self, v: np.ndarray) -> tuple[float, np.ndarray]:
+        """``(F(v), ∇F(v))`` by autograd (float64)."""
+        vt = torch.as_tensor(np.array(v, dtype=np.float64)).requires_grad_()
+        f = self.value_t(vt)
+        if not torch.isfinite(f):
+            return math.inf, np.zeros_like(v)
+        (g,) = torch.autograd.grad(f, vt)
+        f = f.detach()
+        g = g.detach().numpy()
+        if not np.all(np.isfinite(g)):
+            g = np.nan_to_num(g, nan=0.0, posinf=1e300, neginf=-1e300)
+        return float(f), g
+
+    def grad(self, v: np.ndarray) -> np.ndarray:
+        return self.fun_grad(v)[1]
+
+    def projected_gradient(self, v: np.ndarray) -> float:
+        """``||v - P_box(v - ∇F(v))||`` (zero iff ``v`` is stationary on the box)."""
+        _, g = self.fun_grad(v)
+        return float(np.linalg.norm(v - self.clip(v - g)))
+
+    def states(self, v: np.ndarray) -> dict[str, np.ndarray]:
+        """The top-level states at ``v`` (flat ``(size,)`` arrays)."""
+        with torch.no_grad():
+            parts = self.split(torch.as_tensor(v, dtype=T64))
+            return {s: self.state_fns[s](parts)[0].numpy().copy() for s in self.top_states}
+
+    def lift_point(self, z: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """A free vector ``v`` with the given top-level states (None if it is not determined
+        by them: auxiliary envelope blocks, or a dual ``y`` with ``Mᵀ`` not injective)."""
+        v = np.zeros(self.n)
+        for b in self.blocks:
+            if b.origin == "state" and b.of in z:
+                v[b.sl] = np.asarray(z[b.of], dtype=np.float64).reshape(-1)
+            elif b.origin == "dual" and b.of in z:
+                d = self.duals[b.of]
+                if np.linalg.matrix_rank(d.M) < d.M.shape[0]:
+                    return None
+                target = np.asarray(z[b.of], dtype=np.float64).reshape(-1) / d.s
+                y, *_ = np.linalg.lstsq(d.M.T, target, rcond=None)
+                if np.linalg.norm(d.M.T @ y - target) > 1e-9 * max(1.0, np.linalg.norm(target)):
+                    return None
+                v[b.sl] = y
+            else:
+                return None
+        return v
+
+    def start_point(self) -> np.ndarray:
+        """A deterministic interior start: 0 where admissible, else the box midpoint / lo+1."""
+        lo, hi = self.lower, self.upper
+        v = np.zeros(self.n)
+        out = (v < lo) | (v > hi)
+        both = np.isfinite(lo) & np.isfinite(hi)
+        with np.errstate(invalid="ignore"):
+            v = np.where(out & both, 0.5 * (lo + hi), v)
+            v = np.where(out & ~both & np.isfinite(lo), lo + 1.0, v)
+            v = np.where(out & ~both & np.isfinite(hi), hi - 1.0, v)
+        return v
+
+    def bounds(self) -> list[tuple[float | None, float | None]]:
+        return [(None if not np.isfinite(a) else float(a), None if not np.isfinite(b) else float(b))
+                for a, b in zip(self.lower, self.upper)]
+
+    def has_bounds(self) -> bool:
+        return bool(np.isfinite(self.lower).any() or np.isfinite(self.upper).any())
+
+
+# ---------------------------------------------------------------------- building
+def _domain_bounds(act: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Box ``dom f_σ``; open ends (strictly increasing σ) are moved inside by 1e-12."""
+    lo, hi = act.domain
+    if act.smooth_potential:
+        lo = lo + 1e-12 * max(1.0, abs(lo)) if math.isfinite(lo) else lo
+        hi = hi - 1e-12 * max(1.0, abs(hi)) if math.isfinite(hi) else hi
+    return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
+
+
+def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool:
+    """True if the envelope's inner objective has a closed-form prox (then its value is used)."""
+    try:
+        vals = {s.name: torch.zeros(1, s.size, dtype=T64) for s in t.inner.states}
+        vals.update(inputs)
+        out = t.value(vals, env)
+        return bool(torch.isfinite(out).all())
+    except (ConvexEqError, NotImplementedError):
+        return False
+
+
+def lift(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> LiftedProblem:
+    """Lift ``obj`` at one sample of ``inputs`` (name → ``(1, size)`` float64)."""
+    p = LiftedProblem()
+    _lift_into(p, obj, {}, 1.0, dict(inputs), env)
+    p.top_states = [s.name for s in obj.states]
+    return p
+
+
+def _values_fn(p: LiftedProblem, obj: Objective, alias: dict[str, str], inputs: V
+               ) -> Callable[[V], dict[str, torch.Tensor]]:
+    names = [s.name for s in obj.states]
+
+    def values(parts: V) -> dict[str, torch.Tensor]:
+        out = dict(inputs)
+        for k in names:
+            out[k] = p.state_fns[alias.get(k, k)](parts)
+        return out
+
+    return values
+
+
+def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: float,
+               inputs: dict[str, torch.Tensor], env: Any) -> None:
+    for s in obj.states:
+        name = alias.get(s.name, s.name)
+        if name in p.state_fns:
+            continue
+        conj = [t for t in obj.terms if isinstance(t, SeparableAffineConjugate)
+                and t.state is s and t.coef(env) > 0]
+        if len(conj) == 1:
+            c = conj[0]
+            m = np.asarray(c.op.matrix(env), dtype=np.float64)
+            lo, hi = _domain_bounds(c.act, m.shape[0])
+            blk = p.add_block(f"{name}__y", m.shape[0], lo, hi, "dual", name)
+            mt = torch.as_tensor(m, dtype=T64)
+            p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
+            p.duals[name] = Dual(blk.name, m, c.s)
+            continue
+        lo = np.full(s.size, -np.inf)
+        hi = np.full(s.size, np.inf)
+        for t in obj.terms:
+            if isinstance(t, Potential) and t.prox_state is s and t.coef(env) > 0:
+                a, b = _domain_bounds(t.act, s.size)
+                lo, hi = np.maximum(lo, a), np.minimum(hi, b)
+        origin = "state" if not alias else "aux"
+        blk = p.add_block(name, s.size, lo, hi, origin, name)
+        p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
+    values = _values_fn(p, obj, alias, inputs)
+    for t in obj.terms:
+        if isinstance(t, SeparableAffineConjugate) and t.coef(env) > 0 and \
+                alias.get(t.state.name, t.state.name) in p.duals:
+            d = p.duals[alias.get(t.state.name, t.state.name)]
+            c = scale * t.coef(env) * t.s
+
+            def conj_val(parts: V, t: Any = t, d: Dual = d, c: float = c) -> torch.Tensor:
+                y = parts[d.block]
+                val = t.act.antiderivative_conjugate(y).sum(-1)
+                if t.q is not None:
+                    q = t.q.evaluate(values(parts), env).to(T64)
+                    val = val - (q * y).sum(-1)
+                return c * val
+
+            p.contributions.append(conj_val)
+        elif isinstance(t, MoreauEnvelope) and not _closed_form_prox(t, t.state.size, inputs,
+                                                                        env):
+            outer = alias.get(t.state.name, t.state.name)
+            aux = f"{outer}__env{next(_aux_ids)}"
+            c = scale * t.coef(env)
+            mu = t.mu_value(env)
+            _lift_into(p, t.inner, {t.state.name: aux}, c, inputs, env)
+
+            def coupling(parts: V, aux: str = aux, outer: str = outer, c: float = c,
+                         mu: float = mu) -> torch.Tensor:
+                diff = p.state_fns[aux](parts) - p.state_fns[outer](parts)
+                return c / (2 * mu) * (diff * diff).sum(-1)
+
+            p.contributions.append(coupling)
+        else:
+            def term_val(parts: V, t: Any = t) -> torch.Tensor:
+                return scale * t.value(values(parts), env)
+
+            p.contributions.append(term_val)
+
+
+# ---------------------------------------------------------------------- minimization
+def minimize(p: LiftedProblem, v0: np.ndarray, *, gtol: float = 1e-12, maxiter: int = 20000,
+             polish: bool = True) -> MinResult:
+    """L-BFGS-B (exact gradients, box bounds) from ``v0``, then optional projected Newton
+    polishing (Hessian by central differences of the exact gradient) to ~1e-13."""
+    v0 = p.clip(np.asarray(v0, dtype=np.float64))
+    res = so.minimize(p.fun_grad, v0, jac=True, method="L-BFGS-B", bounds=p.bounds(),
+                      options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-16,
+                               "gtol": gtol, "maxcor": 30})
+    v = p.clip(res.x)
+    method = "scipy L-BFGS-B (exact autograd gradients)"
+    nit = int(res.nit)
+    if polish:
+        v, k = newton_polish(p, v)
+        nit += k
+        method += " + projected Newton polish"
+    f = p.value(v)
+    pg = p.projected_gradient(v)
+    msg = res.message if isinstance(res.message, str) else str(res.message)
+    return MinResult(v, f, pg, nit, msg, bool(np.isfinite(f)), method)
+
+
+def active_set(p: LiftedProblem, v: np.ndarray, g: np.ndarray, tol: float = 1e-10
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(at_lower, at_upper)`` masks of coordinates on their bound with the gradient pushing
+    outwards (``g ≥ 0`` at a lower bound)."""
+    lo, hi = p.lower, p.upper
+    with np.errstate(invalid="ignore"):
+        at_lo = np.isfinite(lo) & (v <= lo + tol * np.maximum(1.0, np.abs(lo))) & (g >= 0)
+        at_hi = np.isfinite(hi) & (v >= hi - tol * np.maximum(1.0, np.abs(hi))) & (g <= 0)
+    return at_lo, at_hi
+
+
+def fd_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Symmetrized Hessian of ``F`` on coordinates ``idx`` by central differences of ``∇F``
+    (one-sided where a bound is closer than the step)."""
+    k = len(idx)
+    h = np.zeros((k, k))
+    lo, hi = p.lower, p.upper
+    for a, j in enumerate(idx):
+        step = 1e-6 * max(1.0, abs(v[j]))
+        up = min(step, (hi[j] - v[j]) if np.isfinite(hi[j]) else step)
+        dn = min(step, (v[j] - lo[j]) if np.isfinite(lo[j]) else step)
+        vp, vm = v.copy(), v.copy()
+        vp[j] += up
+        vm[j] -= dn
+        if up + dn <= 0:
+            continue
+        gp, gm = p.grad(vp), p.grad(vm)
+        h[:, a] = (gp[idx] - gm[idx]) / (up + dn)
+    return 0.5 * (h + h.T)
+
+
+def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.ndarray, int]:
+    """Projected Newton steps on the free coordinates while the projected gradient decreases."""
+    f, g = p.fun_grad(v)
+    pg = float(np.linalg.norm(v - p.clip(v - g)))
+    k = 0
+    for k in range(1, iters + 1):
+        if pg <= 1e-14 * max(1.0, float(np.linalg.norm(v))) or not math.isfinite(f):
+            break
+        at_lo, at_hi = active_set(p, v, g)
+        free = np.where(~(at_lo | at_hi))[0]
+        if free.size == 0:
+            break
+        hess = fd_hessian(p, v, free)
+        w, q = np.linalg.eigh(hess)
+        w = np.maximum(np.abs(w), 1e-10 * max(1.0, float(np.abs(w).max())))
+        d = np.zeros_like(v)
+        d[free] = -(q @ ((q.T @ g[free]) / w))
+        improved = False
+        t = 1.0
+        for _ in range(30):
+            vn = p.clip(v + t * d)
+            fn, gn = p.fun_grad(vn)
+            pgn = float(np.linalg.norm(vn - p.clip(vn - gn)))
+            if math.isfinite(fn) and (fn < f - 1e-4 * t * abs(float(g @ d)) or
+                                      (pgn < pg and fn <= f + 1e-13 * max(1.0, abs(f)))):
+                v, f, g, pg = vn, fn, gn, pgn
+                improved = True
+                break
+            t *= 0.5
+        if not improved:
+            break
+    return v, k
+
+
+def second_order(p: LiftedProblem, v: np.ndarray, tol: float = 1e-8) -> dict[str, Any]:
+    """Second-order check at a stationary ``v``: smallest eigenvalue of the Hessian reduced to
+    the free coordinates, and strict complementarity on the active bounds."""
+    _, g = p.fun_grad(v)
+    at_lo, at_hi = active_set(p, v, g, tol=1e-9)
+    mult = np.concatenate([g[at_lo], -g[at_hi]])
+    free = np.where(~(at_lo | at_hi))[0]
+    lam = float(np.linalg.eigvalsh(fd_hessian(p, v, free)).min()) if free.size else math.inf
+    strict = bool(mult.size == 0 or mult.min() > tol)
+    if lam > tol and strict:
+        verdict = "local minimizer"
+    elif lam < -tol:
+        verdict = "saddle"
+    else:
+        verdict = "inconclusive"
+    return {"lambda_min": lam, "active": int(at_lo.sum() + at_hi.sum()),
+            "min_multiplier": float(mult.min()) if mult.size else math.inf,
+            "strict_complementarity": strict, "verdict": verdict}
+
+
+def partial_value(p: LiftedProblem, z: Mapping[str, np.ndarray]) -> float | None:
+    """``G(z) = min_{aux} F`` with the top-level states fixed (inner envelopes by inner
+    minimization); None if a top-level state is not a plain block."""
+    fixed = np.zeros(p.n, dtype=bool)
+    v0 = p.start_point()
+    for b in p.blocks:
+        if b.of in z and b.origin == "state":
+            fixed[b.sl] = True
+            v0[b.sl] = np.asarray(z[b.of], dtype=np.float64).reshape(-1)
+    if any(s not in [b.of for b in p.blocks if b.origin == "state"] for s in p.top_states):
+        return None
+    if fixed.all():
+        return p.value(v0)
+    lo, hi = p.lower.copy(), p.upper.copy()
+    lo[fixed] = hi[fixed] = v0[fixed]
+    free = ~fixed
+
+    def fg(u: np.ndarray) -> tuple[float, np.ndarray]:
+        w = v0.copy()
+        w[free] = u
+        f, g = p.fun_grad(w)
+        return f, g[free]
+
+    bnds = [(None if not np.isfinite(a) else float(a), None if not np.isfinite(b) else float(b))
+            for a, b in zip(lo[free], hi[free])]
+    u0 = np.clip(v0[free], lo[free], hi[free])
+    res = so.minimize(fg, u0, jac=True, method="L-BFGS-B", bounds=bnds,
+                      options={"maxiter": 20000, "ftol": 1e-16, "gtol": 1e-12, "maxcor": 30})
+    return float(res.fun)
+
+
+def check_finite(name: str, a: np.ndarray) -> None:
+    if not np.all(np.isfinite(a)):
+        raise ShapeError(f"{name} contains NaN/Inf", term="verify")

@@ -1,0 +1,121 @@
+"""Numerical helpers shared by the property modules (float64 throughout).
+
+Tolerances used by the properties, and why:
+
+* ``FP_TOL = 1e-12`` — relative fixed-point residual the equilibria are solved to.  For a
+  ``c``-contraction the distance to the true fixed point is at most ``res·||z||/(1 - c)``;
+  with ``c ≤ 0.95²`` that is ``≈ 1e-11`` relative.
+* ``ROUND = 1e-11`` — closed-form float64 identities evaluated two ways (rounding only: a few
+  hundred ulps of O(1) quantities).
+* ``CVX_TOL = 1e-6`` — state agreement with a CVXPY/Clarabel reference solved at
+  ``tol_gap_abs = tol_gap_rel = tol_feas = 1e-11`` (interior-point: the state error is governed
+  by the square root of the gap on flat directions, so 1e-6 relative, the Must-show 1 target).
+* ``STAT_TOL = 1e-8`` — stationarity residuals of non-convex objectives (Must-show 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+import lowering
+
+T64 = torch.float64
+FP_TOL = 1e-12
+ROUND = 1e-11
+CVX_TOL = 1e-6
+STAT_TOL = 1e-8
+
+
+class ReferenceFailure(RuntimeError):
+    """The reference (CVXPY solve, fixed-point solve) failed: not a verdict on the theorem."""
+
+
+def t64(a: Any) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(a, dtype=np.float64) if not isinstance(a, torch.Tensor)
+                           else a, dtype=T64)
+
+
+def nrm(a: Any) -> float:
+    return float(torch.linalg.vector_norm(t64(a)))
+
+
+def rel_err(a: Any, b: Any, floor: float = 1.0) -> float:
+    """``||a - b|| / max(||b||, floor)`` (absolute error for references smaller than ``floor``)."""
+    return nrm(t64(a) - t64(b)) / max(nrm(b), floor)
+
+
+def check(cond: bool, msg: str) -> None:
+    """``assert`` that survives ``python -O`` (properties are a library, not only tests)."""
+    if not cond:
+        raise AssertionError(msg)
+
+
+def stacked_operator(derived: Any, inputs: Mapping[str, torch.Tensor],
+                     env: Mapping[str, Any] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``z ↦ T(z, x)`` on the flat stacked state ``(B, N)`` of a derived layer."""
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        Z = dict(inputs)
+        Z.update(derived.split(z))
+        return derived.stack(derived.apply(Z, env))
+
+    return f
+
+
+def equilibrium(derived: Any, inputs: Mapping[str, torch.Tensor],
+                env: Mapping[str, Any] | None = None, *, tol: float = FP_TOL,
+                max_iter: int = 3000, z0: torch.Tensor | None = None,
+                plain_fallback: int = 60000) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
+    """Solve ``z = T(z, x)`` (Anderson, then plain iteration if needed) to relative residual
+    ``tol``; returns ``(blocks, stacked z, worst relative residual)``.
+
+    Raises :class:`ReferenceFailure` when the residual is not reached (the caller's instance
+    is then outside the contraction regime it assumed)."""
+    f = stacked_operator(derived, inputs, env)
+    b = next(iter(inputs.values())).shape[0]
+    if z0 is None:
+        z0 = torch.zeros(b, derived.state_size, dtype=T64)
+    with torch.no_grad():
+        z, _ = lowering.solve(f, z0, solver="anderson", tol=tol, max_iter=max_iter)
+        res = _res(f, z)
+        k = 0
+        while res > tol and k < plain_fallback:
+            for _ in range(200):
+                z = f(z)
+            k += 200
+            res = _res(f, z)
+    if not res <= tol:
+        raise ReferenceFailure(f"fixed-point solve reached relative residual {res:.3e} > {tol:g}")
+    return derived.split(z), z, res
+
+
+def _res(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> float:
+    fz = f(z)
+    num = torch.linalg.vector_norm(fz - z, dim=-1)
+    den = torch.linalg.vector_norm(z, dim=-1).clamp_min(1.0)
+    return float((num / den).max())
+
+
+def cvxpy_states(objective: Any, **instance: Any) -> tuple[dict[str, np.ndarray], float]:
+    """Minimize the exported objective (Clarabel, tolerances 1e-11); returns the states and the
+    optimal value.  Non-optimal statuses raise :class:`ReferenceFailure` (never compared)."""
+    inst = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+            for k, v in instance.items()}
+    ex = objective.to_cvxpy(**inst)
+    try:
+        val = ex.solve()
+    except Exception as err:  # solver crash: a reference failure, not a theorem failure
+        raise ReferenceFailure(f"CVXPY/Clarabel failed: {err}") from err
+    status = ex.problem.status
+    if status != "optimal":
+        raise ReferenceFailure(f"CVXPY status {status!r} (not compared)")
+    return ex.state_values(), val
+
+
+def jacobian(fn: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """Dense Jacobian of ``fn`` at one unbatched point ``z`` (``(n,) → (n,)``)."""
+    return torch.autograd.functional.jacobian(lambda v: fn(v[None])[0], z)

@@ -1,0 +1,363 @@
+"""The verification report: every number with its tolerance, the reference's provenance, and
+pass/fail; prints as an aligned plain-text table, writes Markdown with PNG plots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Stated tolerances of ``verify.check`` (all relative quantities use ``max(·, floor)``)."""
+
+    rel_error: float = 1e-6  #: ``||z - z_ref|| / max(||z_ref||, scale_floor)`` (convex refs)
+    gap: float = 1e-6  #: ``|G(z) - G(z_ref)| / max(1, |G(z_ref)|)``
+    residual: float = 1e-8  #: ``||z - T(z)|| / max(1, ||z||)`` (forward-backward residual)
+    stationarity: float = 1e-8  #: independent projected-gradient residual ``/ max(1, ||v||)``
+    reference_stationarity: float = 1e-8  #: numeric reference's projected gradient
+    gradient: float = 1e-4  #: relative error of ``dℓ/dx`` (implicit vs cvxpylayers / FD)
+    sam: float = 2e-2  #: SAM (Theorem 5, an asymptotic O(k^-c) statement): rel. error and residual
+    scale_floor: float = 1e-3  #: floor of the denominator of the relative state error
+    equilibrium: float = 1e-12  #: relative residual the tight Anderson solve stops at
+
+
+@dataclass
+class ReferenceInfo:
+    """How the reference was obtained (solver, status, tolerances, starts) and whether it is
+    usable (a failed or inaccurate solve is never compared)."""
+
+    kind: str  # cvxpy | numeric | local | corollary1 | inclusion | sam | none
+    description: str
+    solver: str = ""
+    statuses: list[str] = field(default_factory=list)
+    tolerances: dict[str, Any] = field(default_factory=dict)
+    starts: int = 1
+    ok: bool = True
+    failure: str = ""
+
+    @property
+    def status(self) -> str:
+        """Distinct statuses over the samples (``optimal`` when all solved)."""
+        uniq = sorted(set(self.statuses))
+        return ", ".join(uniq) if uniq else "n/a"
+
+    def provenance(self) -> str:
+        tols = ", ".join(f"{k}={_fmt(v)}" for k, v in self.tolerances.items())
+        parts = [self.description]
+        if self.solver:
+            parts.append(f"solver {self.solver}")
+        parts.append(f"status {self.status}")
+        if tols:
+            parts.append(f"tolerances {tols}")
+        if self.kind in ("local", "numeric"):
+            parts.append(f"{self.starts} start(s)")
+        return "; ".join(parts)
+
+
+@dataclass
+class SampleResult:
+    """Per-sample numbers (None: not applicable to this reference)."""
+
+    index: int
+    rel_error: float | None = None
+    abs_error: float | None = None
+    objective: float | None = None
+    reference_objective: float | None = None
+    gap: float | None = None  #: normalized ``(G(z) - G_ref) / max(1, |G_ref|)``
+    residual: float = math.nan
+    stationarity: float | None = None
+    reference_stationarity: float | None = None
+    lambda_min: float | None = None
+    second_order: str = ""
+    label: str = ""
+    status: str = ""
+    block_residuals: dict[str, float] = field(default_factory=dict)
+    theorem3_distance: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GradientReport:
+    """``dℓ/dx`` for ``ℓ(z) = Σ c·z``: every backward mode vs cvxpylayers and central FD."""
+
+    loss: str
+    errors: dict[str, float]
+    required: list[str]
+    tolerance: float
+    cvxpylayers: str
+    fd_step: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(self.errors.get(k, math.inf) <= self.tolerance for k in self.required)
+
+
+@dataclass
+class EquilibriumInfo:
+    """The layer's equilibrium solve (history: relative residual per iteration and sample)."""
+
+    solver: str
+    tol: float
+    iterations: list[int]
+    max_residual: float
+    converged: bool
+    history: np.ndarray
+    note: str = ""
+
+
+@dataclass
+class Report:
+    """Result of ``verify.check``; ``str(report)`` is a table, ``.passed`` the verdict."""
+
+    target: str
+    claim: str
+    claim_statement: str
+    label: str
+    certificate: str
+    certified: bool
+    violated: list[str]
+    reference: ReferenceInfo
+    tolerances: Tolerances
+    samples: list[SampleResult]
+    equilibrium: EquilibriumInfo
+    z_layer: np.ndarray
+    z_reference: np.ndarray | None = None
+    block_names: list[str] = field(default_factory=list)
+    gradients: GradientReport | None = None
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    pass_rules: dict[str, bool] = field(default_factory=dict)
+    elapsed: float = 0.0
+
+    # ------------------------------------------------------------------ verdict
+    @property
+    def passed(self) -> bool:
+        """True iff every stated check holds (no failures)."""
+        return not self.failures
+
+    @property
+    def status(self) -> str:
+        """One line: ``verified: …`` / ``claim not certified here: …`` / ``reference solver
+        failed: …`` / ``FAILED: …``."""
+        for f in self.failures:
+            if f.startswith("claim not certified here"):
+                return f
+        for f in self.failures:
+            if f.startswith("reference solver failed") or f.startswith("reference unavailable"):
+                return f
+        if self.failures:
+            return "FAILED: " + "; ".join(self.failures)
+        return f"verified: {self.label} ({self.reference.kind} reference)"
+
+    # ------------------------------------------------------------------ aggregates
+    def _max(self, attr: str) -> float | None:
+        vals = [getattr(s, attr) for s in self.samples if getattr(s, attr) is not None]
+        vals = [abs(v) for v in vals if not (isinstance(v, float) and math.isnan(v))]
+        return max(vals) if vals else None
+
+    @property
+    def max_rel_error(self) -> float | None:
+        return self._max("rel_error")
+
+    @property
+    def max_gap(self) -> float | None:
+        return self._max("gap")
+
+    @property
+    def max_residual(self) -> float | None:
+        return self._max("residual")
+
+    @property
+    def max_stationarity(self) -> float | None:
+        return self._max("stationarity")
+
+    @property
+    def max_reference_stationarity(self) -> float | None:
+        return self._max("reference_stationarity")
+
+    @property
+    def min_lambda(self) -> float | None:
+        vals = [s.lambda_min for s in self.samples if s.lambda_min is not None]
+        return min(vals) if vals else None
+
+    def max_block_residual(self, key: str) -> float | None:
+        vals = [s.block_residuals[key] for s in self.samples if key in s.block_residuals]
+        return max(vals) if vals else None
+
+    # ------------------------------------------------------------------ table
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """``(quantity, value, tolerance, verdict)`` rows of the table."""
+        t = self.tolerances
+        r: list[tuple[str, str, str, str]] = []
+
+        def add(name: str, value: Any, tol: str = "", rule: str | None = None) -> None:
+            verdict = "" if rule is None else ("ok" if self.pass_rules.get(rule, True)
+                                               else "FAIL")
+            if rule is not None and rule not in self.pass_rules:
+                verdict = "info"
+            r.append((name, value if isinstance(value, str) else _fmt(value), tol, verdict))
+
+        add("target", self.target)
+        add("claim (lowering)", f"{self.claim}: {self.claim_statement}")
+        add("certificate at these weights", self.certificate, "", "certificate")
+        add("reference", self.reference.provenance(), "", "reference")
+        eq = self.equilibrium
+        add("equilibrium solve", f"{eq.solver}, tol {_fmt(eq.tol)}, iterations "
+            f"{min(eq.iterations, default=0)}-{max(eq.iterations, default=0)}, "
+            f"max rel. residual {_fmt(eq.max_residual)}", "", "equilibrium")
+        add("samples", str(len(self.samples)))
+        res_tol = t.sam if self.reference.kind == "sam" else t.residual
+        add("max optimality residual ||z - T(z)||/max(1,||z||)", self.max_residual,
+            f"≤ {_fmt(res_tol)}", "residual")
+        if self.max_stationarity is not None:
+            add("max independent stationarity residual", self.max_stationarity,
+                f"≤ {_fmt(t.stationarity)}", "stationarity")
+        if self.max_rel_error is not None:
+            rel_tol = t.sam if self.reference.kind == "sam" else t.rel_error
+            add("max rel. error ||z - z_ref||/max(||z_ref||, floor)", self.max_rel_error,
+                f"≤ {_fmt(rel_tol)}" if "rel_error" in self.pass_rules else "(local: info)",
+                "rel_error")
+        if self.max_gap is not None:
+            add("max |objective gap| / max(1, |G_ref|)", self.max_gap,
+                f"≤ {_fmt(t.gap)}" if "gap" in self.pass_rules else "(local: info)", "gap")
+        if self.max_reference_stationarity is not None:
+            add("max reference stationarity (projected gradient)",
+                self.max_reference_stationarity, f"≤ {_fmt(t.reference_stationarity)}",
+                "reference_stationarity")
+        if self.min_lambda is not None:
+            verdicts = sorted({s.second_order for s in self.samples if s.second_order})
+            add("second-order check: min λ(reduced Hessian)",
+                f"{_fmt(self.min_lambda)} ({', '.join(verdicts)})", "", "second_order")
+        for key in ("prox-form", "gradient-form"):
+            v = self.max_block_residual(key)
+            if v is not None:
+                add(f"max Theorem 2 block residual ({key})", v, f"≤ {_fmt(t.residual)}",
+                    f"inclusion_{key}")
+        th3 = self._max("theorem3_distance")
+        if th3 is not None:
+            add("Theorem 3: rel. distance of blocks to the wide solution (→0 as α→0)", th3)
+        if self.gradients is not None:
+            g = self.gradients
+            add("gradient loss", g.loss)
+            add("cvxpylayers reference", g.cvxpylayers)
+            for k, v in g.errors.items():
+                req = k in g.required
+                r.append((f"rel. error dℓ/dx: {k}", _fmt(v),
+                          f"≤ {_fmt(g.tolerance)}" if req else "(approximate by design)",
+                          ("ok" if v <= g.tolerance else "FAIL") if req else "info"))
+        add("label", self.label)
+        add("status", self.status)
+        add("passed", "yes" if self.passed else "NO")
+        return r
+
+    def __str__(self) -> str:
+        rows = [("quantity", "value", "tolerance", "verdict"), *self.rows()]
+        width = [min(max(len(row[i]) for row in rows), cap) for i, cap in
+                 enumerate((52, 90, 24, 7))]
+        lines = []
+        for k, row in enumerate(rows):
+            cells = []
+            for i, cell in enumerate(row):
+                cell = cell if len(cell) <= width[i] or i == 1 else cell[:width[i] - 1] + "…"
+                cells.append(cell.ljust(width[i]))
+            lines.append("  ".join(cells).rstrip())
+            if k == 0:
+                lines.append("  ".join("-" * w for w in width))
+        extra = [f"note: {n}" for n in self.notes] + [f"failure: {f}" for f in self.failures]
+        return "\n".join(lines + extra)
+
+    def __repr__(self) -> str:
+        return f"<Report {self.status}>"
+
+    # ------------------------------------------------------------------ markdown & plots
+    def to_markdown(self, path: str | Path, plots: bool = True) -> Path:
+        """Write a Markdown report (and PNG plots next to it: solver residual history, layer vs
+        reference scatter); returns the Markdown path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"# Verification report: {self.target}", "",
+                 f"**Status:** {self.status}  ", f"**Passed:** {'yes' if self.passed else 'no'}",
+                 "", "| quantity | value | tolerance | verdict |", "|---|---|---|---|"]
+        for row in self.rows():
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        lines += ["", "## Per-sample results", "",
+                  "| # | label | rel. error | gap | residual | stationarity | ref. status |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in self.samples:
+            lines.append(f"| {s.index} | {s.label} | {_fmt(s.rel_error)} | {_fmt(s.gap)} | "
+                         f"{_fmt(s.residual)} | {_fmt(s.stationarity)} | {s.status} |")
+        if self.notes or self.failures:
+            lines += ["", "## Notes", ""]
+            lines += [f"- {n}" for n in self.notes] + [f"- **failure:** {f}" for f in self.failures]
+        tol = self.tolerances
+        lines += ["", "## Tolerances", "", *[f"- `{k}` = {_fmt(v)}" for k, v in
+                                           vars(tol).items()]]
+        if plots:
+            images = self._plots(path)
+            if images:
+                lines += ["", "## Plots", ""]
+                lines += [f"![{title}]({img.name})" for title, img in images]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    def _plots(self, path: Path) -> list[tuple[str, Path]]:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        out = []
+        hist = self.equilibrium.history
+        if hist.size:
+            fig = Figure(figsize=(5.5, 3.6))
+            FigureCanvasAgg(fig)
+            ax = fig.add_subplot(111)
+            for row in np.atleast_2d(hist):
+                vals = np.where(row > 0, row, np.nan)
+                ax.semilogy(np.arange(1, len(row) + 1), vals, lw=1)
+            ax.axhline(self.equilibrium.tol, color="k", ls="--", lw=0.8, label="tol")
+            ax.set_xlabel("iteration")
+            ax.set_ylabel("relative residual ||T(z) - z|| / ||T(z)||")
+            ax.set_title(f"equilibrium solve ({self.equilibrium.solver})")
+            ax.legend()
+            fig.tight_layout()
+            img = path.with_name(path.stem + "_residuals.png")
+            fig.savefig(img, dpi=110)
+            out.append(("residual history", img))
+        if self.z_reference is not None:
+            fig = Figure(figsize=(4.2, 4.2))
+            FigureCanvasAgg(fig)
+            ax = fig.add_subplot(111)
+            a, b = self.z_reference.reshape(-1), self.z_layer.reshape(-1)
+            ax.scatter(a, b, s=8)
+            lo = float(min(a.min(initial=0), b.min(initial=0)))
+            hi = float(max(a.max(initial=0), b.max(initial=0)))
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            ax.set_xlabel(f"reference ({self.reference.kind})")
+            ax.set_ylabel("layer equilibrium")
+            ax.set_title(f"max rel. error {_fmt(self.max_rel_error)}")
+            fig.tight_layout()
+            img = path.with_name(path.stem + "_scatter.png")
+            fig.savefig(img, dpi=110)
+            out.append(("layer vs reference", img))
+        return out
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return f"{v:.3e}" if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4) else f"{v:.4g}"
+    return str(v)
