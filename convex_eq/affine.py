@@ -1,4 +1,4 @@
-"""Affine expressions ``u = Σ_k c_k A_k v_k`` over symbols (states, inputs, weight/constant vectors).
+"""Affine expressions ``u = Σ_k c_k A_k v_k`` over symbols (states, inputs, weights, constants).
 
 A state or input entry contributes ``c·A(v)`` with ``v`` batched ``(B, n)``; a weight/constant
 entry is a bias vector (unbatched, broadcast over the batch).
@@ -30,7 +30,8 @@ class Entry:
         return self.symbol.size if self.op is None else self.op.out_size
 
     def latex(self) -> str:
-        body = self.symbol.latex() if self.op is None else f"{self.op.latex()} {self.symbol.latex()}"
+        sym = self.symbol.latex()
+        body = sym if self.op is None else f"{self.op.latex()} {sym}"
         return _coef_latex(self.coef, body)
 
     def __str__(self) -> str:
@@ -168,7 +169,8 @@ class Affine:
                 term=str(op),
             )
         return Affine(
-            [Entry(e.coef, op if e.op is None else Compose(op, e.op), e.symbol) for e in self.entries]
+            [Entry(e.coef, op if e.op is None else Compose(op, e.op), e.symbol)
+             for e in self.entries]
         )
 
     def __add__(self, other: Any) -> Affine:

@@ -212,7 +212,7 @@ class ExportContext:
         """Add ``coef <w, u>`` where ``w`` has no state (an input/bias offset)."""
         if w.states():
             raise ExportError("linear coefficient must not depend on the state", term=source)
-        aw, ow = self.linear_map(w)
+        _aw, ow = self.linear_map(w)
         au, ou = self.linear_map(u)
         self._linear(coef * (au.T @ ow), source)
         if _is_num(ow) and _is_num(ou):
@@ -255,7 +255,7 @@ class ExportContext:
             factor = (np.sqrt(w[keep])[:, None] * v[:, keep].T) if keep.any() else np.zeros((1, n))
             obj = obj + 0.5 * cp.sum_squares(factor @ self.f)
         for c, _ in self.linear:
-            obj = obj + (c @ self.f if _is_num(c) else c @ self.f)
+            obj = obj + c @ self.f
         for e, _ in self.exprs:
             obj = obj + e
         prob = cp.Problem(cp.Minimize(obj), self.constraints)

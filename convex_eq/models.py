@@ -1,12 +1,14 @@
 """Seed objectives of the papers, built from the same terms a user would write.
 
-| function | encodes |
-|---|---|
-| ``opteq(form="conjugate")`` | OptEq Theorem 1 (TPAMI Eq. 5-6): ``φ = ψ* - ½||·||²``, ``ψ = (1/μ)Σσ̃(Wz + Ux + b)`` |
-| ``opteq(form="canonical")`` | reformulated OptEq (MATH §3 row 1): ``Σf_σ(z) + ½||z||² - <Ux+b, z> - ½||Wz||²`` |
-| ``deep_opteq`` | deep OptEq, TPAMI §5 (Lemma 3 / Thm 2 / Cor 1): ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z`` |
-| ``geq`` | GEQ/KerDEQ (MATH §3 row 2/3): Gaussian-kernel similarity, whole or patch-split |
-| ``mopteq`` | MOptEq with HH&D fusion (MATH §3 row 4): per-branch linear kernels + ``½ΣH - (λ/2)ΣD`` |
+* ``opteq(form="conjugate")``: OptEq Theorem 1 (TPAMI Eq. 5-6), ``φ = ψ* - ½||·||²``,
+  ``ψ = (1/μ)Σσ̃(Wz + Ux + b)``;
+* ``opteq(form="canonical")``: reformulated OptEq (MATH §3 row 1),
+  ``Σf_σ(z) + ½||z||² - <Ux+b, z> - ½||Wz||²``;
+* ``deep_opteq``: deep OptEq, TPAMI §5 (Lemma 3 / Thm 2 / Cor 1),
+  ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``;
+* ``geq``: GEQ/KerDEQ (MATH §3 rows 2-3), Gaussian-kernel similarity, whole or patch-split;
+* ``mopteq``: MOptEq with HH&D fusion (MATH §3 row 4), per-branch linear kernels
+  ``+ ½ΣH - (λ/2)ΣD``.
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ class Weight(Symbol):
 
     kind = "weight"
 
-    def __init__(self, name: str, shape: tuple[int, ...] | int, value: Any = None, *, seed: int = 0):
+    def __init__(self, name: str, shape: tuple[int, ...] | int, value: Any = None, *,
+                 seed: int = 0):
         super().__init__(name, shape, value)
         if self.value is None:
             g = torch.Generator().manual_seed(seed)

@@ -1,7 +1,7 @@
 """Lowering: derive the fixed-point layer ``z = T(z, x)`` of a hidden objective."""
 
-from .derived import DerivedLayer
 from .converter import ConvertedNetwork, convert
+from .derived import DerivedLayer
 from .lower import lower
 from .perturbation import Perturbation, perturbation
 from .sam import SAMConfig

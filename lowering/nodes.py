@@ -81,8 +81,7 @@ def _term_grad_text(term: Term, block: Symbol, sign: float, latex: bool) -> str:
     """Text of ``sign·∇_block term`` from the term's own gradient rule."""
     parts = []
     c = sign * term.scale
-    sc = "".join(("" if not latex else "") + (s.latex() if latex else s.name) + " "
-                 for s in term.scalars)
+    sc = "".join((s.latex() if latex else s.name) + " " for s in term.scalars)
     inner = term.grad_text(latex) if hasattr(term, "grad_text") else None
     for k, a in enumerate(term.args):
         g = None if inner is None else inner[k]

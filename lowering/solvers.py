@@ -1,7 +1,8 @@
 """Fixed-point solvers (batched, per-sample statistics) with a registry, torchdeq-style.
 
 Every solver finds ``z = f(z)`` for ``f: (B, N) → (B, N)`` and stops when every sample's relative
-residual ``||f(z) - z|| / max(||f(z)||, eps)`` is ≤ ``tol``.  It returns the best iterate per sample.
+residual ``||f(z) - z|| / max(||f(z)||, eps)`` is ≤ ``tol``; it returns the best iterate per
+sample.
 """
 
 from __future__ import annotations

@@ -56,6 +56,11 @@ class WeightControl:
         self._vecs: dict[str, torch.Tensor] = {}
 
     def _power(self, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
+        self._update_vector(op, name, env, iters)
+        return op.apply(self._vecs[name], env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
+
+    @torch.compiler.disable
+    def _update_vector(self, op: Any, name: str, env: dict, iters: int) -> None:
         w = env[name]
         v = self._vecs.get(name)
         if v is None or v.dtype != w.dtype or v.device != w.device:
@@ -72,7 +77,6 @@ class WeightControl:
                     break
                 prev = un
         self._vecs[name] = v
-        return op.apply(v, env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
 
     def __call__(self, module: Any, env: dict) -> dict:
         env = dict(env)

@@ -231,7 +231,8 @@ def test_canonical_opteq_export_value_and_solve(act: str) -> None:
         f[ex.blocks["z"]] = zv
         assert ex.max_violation(f) <= 1e-12
         # same function, two code paths (CVXPY expression vs torch value): rounding only
-        assert abs(ex.objective_at(f) - obj.value(z=zv, x=xv)) <= 1e-9 * (1 + abs(ex.objective_at(f)))
+        ref = ex.objective_at(f)
+        assert abs(ref - obj.value(z=zv, x=xv)) <= 1e-9 * (1 + abs(ref))
     ex.solve()
     assert ex.problem.status == cp.OPTIMAL
     assert ex.state_values()["z"].shape == (7,)
@@ -267,7 +268,7 @@ def test_export_moreau_envelope_of_dcp_term_and_regularized() -> None:
         u = obj.terms[0].inner_prox(_t(zv), 0.5, {}, None)[0].numpy()
         f = np.zeros(ex.variable.size)
         f[ex.blocks["z"]] = zv
-        aux = [k for k in ex.blocks if k != "z"][0]
+        aux = next(k for k in ex.blocks if k != "z")
         f[ex.blocks[aux]] = u
         assert abs(ex.objective_at(f) - obj.value(z=zv, x=xv)) < 1e-9
     val = ex.solve()

@@ -93,7 +93,8 @@ class MoreauEnvelope(Term):
     def raw_curvature(self) -> Curvature:
         cert = self.inner.certificate_structure()
         if cert.kind == "convex":
-            return Curvature("convex", list(cert.conditions), "Moreau envelope of a convex function")
+            return Curvature("convex", list(cert.conditions),
+                             "Moreau envelope of a convex function")
         return Curvature("unknown", [], f"envelope of a non-convex function ({cert.reason})")
 
     # ---------------------------------------------------------------- export
@@ -116,8 +117,7 @@ class MoreauEnvelope(Term):
             for t in self.inner.terms:
                 scaled = t * c
                 for qp in scaled.quad_parts(ctx.env):
-                    ctx.add_quadratic(qp.coef if qp.u2 is not None else qp.coef, qp.u1, qp.u2,
-                                      qp.source)
+                    ctx.add_quadratic(qp.coef, qp.u1, qp.u2, qp.source)
                 scaled.export(ctx)
         diff = self._aux - self.state
         ctx.add_quadratic(c / mu, diff, None, source=f"{self} (coupling ||u - v||²/2μ)")

@@ -124,7 +124,7 @@ class PotentialConjugate(_ActivationTerm):
 
 
 class Antiderivative(_ActivationTerm):
-    """``Σ_j σ̃(u_j)``, ``σ̃(a) = ∫_0^a σ``: convex, smooth, ``∇ = Aᵀσ(u)``, Lipschitz ``L_σ||A||²``."""
+    """``Σ_j σ̃(u_j)``, ``σ̃(a) = ∫_0^a σ``: convex, smooth, ``∇ = Aᵀσ(u)``, Lip ``L_σ||A||²``."""
 
     label = "activation antiderivative"
     base_curvature = "convex"
@@ -151,7 +151,8 @@ class Antiderivative(_ActivationTerm):
         if self.scalars or self.scale <= 0:
             return super().conjugate()
         if self.prox_state is not None:
-            return self.scale * AntiderivativeConjugate(self.act, single_arg(self) * (1 / self.scale))
+            u = single_arg(self) * (1 / self.scale)
+            return self.scale * AntiderivativeConjugate(self.act, u)
         return SeparableAffineConjugate.from_antiderivative(self)
 
     def raw_latex(self) -> str:
@@ -162,7 +163,7 @@ class Antiderivative(_ActivationTerm):
 
 
 class AntiderivativeConjugate(_ActivationTerm):
-    """``Σ_j σ̃*(u_j) = Σ f_σ(u_j) + ½||u||²``: convex, (1/L_σ)-strongly convex, DCP for registry σ."""
+    """``Σ_j σ̃*(u_j) = Σ f_σ(u_j) + ½||u||²``: (1/L_σ)-strongly convex, DCP for registry σ."""
 
     label = "conjugate antiderivative"
     base_curvature = "convex"

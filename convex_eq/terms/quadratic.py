@@ -137,8 +137,8 @@ class QuadraticForm(Term):
         def eigmin(env: Env | None) -> float:
             return float(np.linalg.eigvalsh(self._mat(env).detach().cpu().numpy()).min())
 
-        cond = Condition(f"λ_min({self.Q.name}) ≥ 0", f"\\lambda_{{\\min}}({self.Q.latex()}) \\ge 0",
-                         eigmin, 0.0, ">=")
+        cond = Condition(f"λ_min({self.Q.name}) ≥ 0",
+                         f"\\lambda_{{\\min}}({self.Q.latex()}) \\ge 0", eigmin, 0.0, ">=")
         return Curvature("convex", [cond])
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:

@@ -70,7 +70,7 @@ def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
                    "; ".join(f"{blocks[i].name} ← f_{i + 1}({blocks[i - 1].name})"
                              for i in range(L)),
                    comp.latex(), "\\tilde z \\leftarrow F(P\\tilde z)"))
-    hyp = sorted(set(conds)) + ["L_σ = 1"]
+    hyp = [*sorted(set(conds)), "L_σ = 1"]
     if L == 2 and a < 1:
         obj = comp.corollary1_objective()
         claim = Claim("minimizer", f"(z_1, z_0) minimizes {obj} (Corollary 1)",
@@ -84,8 +84,9 @@ def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
         lambda env, ls=lips, a=a: _prod([a * lc.value(env) + 1 - a for lc in ls]),
     )
     return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes, derivation=d, claim=claim,
-                        contraction=contraction, info={"form": form, "alpha": a, "conditions": cond_objs,
-                                                       "layer_nodes": layer_nodes})
+                        contraction=contraction,
+                        info={"form": form, "alpha": a, "conditions": cond_objs,
+                              "layer_nodes": layer_nodes})
 
 
 def _prod(xs: list[float]) -> float:

@@ -1,5 +1,6 @@
-"""Moreau envelope → skip connection (MATH §4): ``prox_{λM_φ^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)φ}(x) - x)``;
-with ``λ = α``, ``μ = 1-α``: ``α prox_φ(x) + (1-α) x``, same fixed points as ``prox_φ``."""
+"""Moreau envelope → skip connection (MATH §4):
+``prox_{λM_φ^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)φ}(x) - x)``; with ``λ = α``, ``μ = 1-α``:
+``α prox_φ(x) + (1-α) x``, same fixed points as ``prox_φ``."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
     ))
     if inner is not None:
         claim = Claim(inner.claim.kind, f"{inner.claim.statement}; unchanged by the envelope edit "
-                      f"(argmin λM_φ^μ = argmin φ)", inner.claim.latex,
+                      f"(Fix(aT + (1-a)I) = Fix T)", inner.claim.latex,
                       inner.claim.objective_text, list(inner.claim.conditions))
         base_lip = inner.contraction
         contraction = Contraction(f"{a:g}·({base_lip.formula}) + {1 - a:g}",

@@ -65,5 +65,6 @@ def lower(pc: Any, obj: Objective, lower_inner: Callable[..., DerivedLayer]) -> 
     contraction = Contraction(f"cond(M)·({base.formula})", f"\\kappa(M)\\,({base.latex})",
                               lambda env, b=base, k=cond: k * b.value(env))
     return DerivedLayer(source=obj, blocks=[new], nodes={new.name: node}, derivation=d,
-                        claim=claim, contraction=contraction, is_prox=defect < 1e-9 and inner.is_prox,
+                        claim=claim, contraction=contraction,
+                        is_prox=defect < 1e-9 and inner.is_prox,
                         certificate=inner.certificate, info={"inner": inner})

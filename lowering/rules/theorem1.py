@@ -58,7 +58,8 @@ def lower_base(m: TheoremOneMatch, obj: Objective) -> DerivedLayer:
         phi.latex(), f"\\mathrm{{prox}}_\\varphi(z) = \\nabla\\psi(z) = {grad.latex()}",
         note="fixed points of z = ∇ψ(z) are exactly the minimizers of φ",
     ))
-    claim = Claim("minimizer", f"z* ∈ argmin φ, φ = {phi}", f"z^\\star \\in \\arg\\min {phi.latex()}",
+    claim = Claim("minimizer", f"z* ∈ argmin φ, φ = {phi}",
+                  f"z^\\star \\in \\arg\\min {phi.latex()}",
                   objective_text=str(phi), conditions=[c.text for c in cert.conditions])
     op = m.conj.op
     contraction = Contraction(

@@ -1,0 +1,243 @@
+"""Shared pieces: the OptEq hidden QP, its exact solution and gradient, timing, machine info."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+D_STATE = 64  # the issue's d: size of the state z (``n`` in ``convex_eq.models.opteq``)
+
+
+@dataclass
+class Config:
+    """Sizes and repetition counts of one benchmark run (full or ``--quick``)."""
+
+    quick: bool = False
+    threads: int = 2
+    seed: int = 0
+    ms: tuple[int, ...] = (32, 128, 512)
+    batches: tuple[int, ...] = (1, 32, 256)
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+    reps: int = 15  # repetitions of the fast methods (module, hand-written loop)
+    cvx_reps: int = 5  # cap on cvxpylayers repetitions
+    cvx_budget: float = 4.0  # seconds of cvxpylayers timing per (config, fwd|fwd+bwd)
+    hand_m: tuple[int, ...] = (128,)  # m of the "overhead vs the limit" table
+    norms: tuple[float, ...] = (0.5, 0.9, 0.99)
+    solver_batch: int = 32
+    solver_m: int = 128
+    deq_batches: tuple[int, ...] = (32, 256)
+    mem_batch: int = 256
+    mem_ks: tuple[int, ...] = (5, 10, 20, 40)
+    cost_reps: int = 5
+    skip: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, quick: bool, threads: int = 2, seed: int = 0) -> Config:
+        """The full configuration, or the < 60 s smoke configuration."""
+        if not quick:
+            return cls(quick=False, threads=threads, seed=seed)
+        return cls(quick=True, threads=threads, seed=seed, ms=(32,), batches=(1, 8),
+                   reps=2, cvx_reps=1, cvx_budget=1.0, hand_m=(32,), norms=(0.9,),
+                   solver_batch=8, solver_m=32, deq_batches=(8,), mem_batch=8, mem_ks=(5, 10),
+                   cost_reps=1)
+
+
+# ---------------------------------------------------------------------------- the problem
+def qp_weight(m: int, d: int = D_STATE, norm: float = 0.9, seed: int = 0) -> np.ndarray:
+    """Random dense ``W ∈ R^{m×d}`` with ``||W||₂ = norm`` (same recipe as ``models.opteq``)."""
+    from convex_eq.models import spectral_weight
+
+    return np.asarray(spectral_weight("W", (m, d), norm, seed).value, dtype=np.float64)
+
+
+def qp_objective(w: np.ndarray) -> Any:
+    """``Σf_relu(z) + ½||z||² − <q, z> − ½||Wz||²`` with ``q`` an Input: the hidden QP
+    ``min ½zᵀ(I − WᵀW)z − qᵀz s.t. z ≥ 0`` (canonical ReLU OptEq with ``Ux + b`` replaced by q)."""
+    from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight
+
+    m, d = w.shape
+    z, q = State("z", d), Input("q", d)
+    wt = Weight("W", (m, d), w)
+    return Objective([Potential("relu", z), SqNorm(z), -Linear(q, z), -SqNorm(wt @ z)],
+                     name=f"opteq-qp(m={m})")
+
+
+def qp_inputs(batch: int, d: int = D_STATE, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``q`` (the QP's linear term) and the loss weights ``c`` of ``ℓ = Σ c ⊙ z`` (float64)."""
+    g = np.random.default_rng(1000 + seed)
+    return g.standard_normal((batch, d)), g.standard_normal((batch, d))
+
+
+@dataclass
+class Exact:
+    """Exact minimizer and ``∂ℓ/∂q`` of the hidden QP for a batch (float64)."""
+
+    z: np.ndarray
+    grad: np.ndarray
+    active: np.ndarray
+    kkt_failures: int
+    margin: float  # min over samples/coords of |preactivation|: distance to a degenerate point
+
+
+def exact_qp(w: np.ndarray, q: np.ndarray, c: np.ndarray) -> Exact:
+    """Exact solve by a primal–dual active-set iteration, then ``dq`` from the active set.
+
+    With ``M = WᵀW``, ``p = Mz + q``, the KKT conditions of ``min ½zᵀ(I − M)z − qᵀz, z ≥ 0`` are
+    ``z = relu(p)``: on ``A = {p > 0}`` ``(I − M_AA) z_A = q_A``, and ``z_I = 0`` with ``p_I ≤ 0``
+    elsewhere. The set ``A ← {p > 0}`` is iterated to a fixed point (then KKT holds exactly, and
+    ``I − M ≻ 0`` makes it the unique minimizer). Under strict complementarity the solution is
+    locally ``z_A = (I − M_AA)⁻¹ q_A``, ``z_I = 0``, so for ``ℓ = Σ c ⊙ z``
+    ``∂ℓ/∂q_A = (I − M_AA)⁻¹ c_A`` (symmetric) and ``∂ℓ/∂q_I = 0``."""
+    mm = w.T @ w
+    bsz, d = q.shape
+    z = np.zeros_like(q)
+    grad = np.zeros_like(q)
+    act = np.zeros(q.shape, dtype=bool)
+    failures = 0
+    margin = np.inf
+    for b in range(bsz):
+        a = q[b] > 0
+        zb = np.zeros(d)
+        for _ in range(100):
+            idx = np.flatnonzero(a)
+            zb = np.zeros(d)
+            if idx.size:
+                k = np.eye(idx.size) - mm[np.ix_(idx, idx)]
+                zb[idx] = np.linalg.solve(k, q[b, idx])
+            p = mm @ zb + q[b]
+            new = p > 0
+            if np.array_equal(new, a):
+                break
+            a = new
+        else:
+            failures += 1
+        idx = np.flatnonzero(a)
+        if idx.size:
+            k = np.eye(idx.size) - mm[np.ix_(idx, idx)]
+            grad[b, idx] = np.linalg.solve(k, c[b, idx])
+        z[b], act[b] = zb, a
+        margin = min(margin, float(np.abs(mm @ zb + q[b]).min()))
+    return Exact(z, grad, act, failures, margin)
+
+
+def clarabel_crosscheck(obj: Any, q: np.ndarray, z_exact: np.ndarray) -> float:
+    """Max relative difference between the exact solve and Clarabel (tight) on a few samples."""
+    worst = 0.0
+    for b in range(q.shape[0]):
+        ex = obj.to_cvxpy(q=q[b])
+        ex.solve()
+        zc = ex.state_values()["z"].reshape(-1)
+        worst = max(worst, rel_err(zc[None], z_exact[b:b + 1]))
+    return worst
+
+
+def rel_err(a: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
+    """Worst per-sample relative error ``||a_b − ref_b|| / max(||ref_b||, 1e-12)``."""
+    a_np = a.detach().cpu().double().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+    r_np = ref.detach().cpu().double().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    a_np, r_np = a_np.reshape(a_np.shape[0], -1), r_np.reshape(r_np.shape[0], -1)
+    num = np.linalg.norm(a_np - r_np, axis=1)
+    den = np.maximum(np.linalg.norm(r_np, axis=1), 1e-12)
+    return float((num / den).max())
+
+
+# ---------------------------------------------------------------------------- timing
+def timed(fn: Callable[[], Any]) -> float:
+    """Wall time of one call."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleave(methods: dict[str, Callable[[], Any]], reps: dict[str, int]
+               ) -> dict[str, list[float]]:
+    """Round-robin timing: repetition r runs every method with ``reps[name] > r`` once."""
+    out: dict[str, list[float]] = {k: [] for k in methods}
+    for r in range(max(reps.values(), default=0)):
+        for name, fn in methods.items():
+            if r < reps[name]:
+                out[name].append(timed(fn))
+    return out
+
+
+def median(xs: list[float]) -> float:
+    """Median (NaN for an empty list)."""
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def calibrate(threads: int) -> dict[str, float]:
+    """Median time of a small matmul with ``threads`` and with 1 thread (detects CPU contention:
+    with OpenMP workers descheduled, tiny multithreaded kernels can take milliseconds)."""
+    a, b = torch.randn(32, D_STATE), torch.randn(128, D_STATE)
+    out = {}
+    for nt in sorted({threads, 1}):
+        torch.set_num_threads(nt)
+        for _ in range(5):
+            a @ b.T
+        out[f"matmul_32x64x128_us_{nt}thr"] = 1e6 * median([timed(lambda: a @ b.T)
+                                                            for _ in range(50)])
+    torch.set_num_threads(threads)
+    return out
+
+
+def _version(mod: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(mod)
+    except Exception:
+        return None
+
+
+def _git(root: Path) -> dict[str, Any]:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return {"commit": head or None, "dirty": bool(dirty)}
+    except Exception:
+        return {"commit": None, "dirty": None}
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """Machine, versions, date, threads and load (timings are only comparable within a run)."""
+    info: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "versions": {k: _version(k) for k in ("torch", "cvxpy", "cvxpylayers", "diffcp", "scs",
+                                              "clarabel", "torchdeq", "numpy", "convex-eq")},
+        "git": _git(Path(__file__).resolve().parent.parent),
+    }
+    try:
+        with open("/proc/cpuinfo") as fh:
+            names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
+        info["cpu_model"] = names[0] if names else None
+    except OSError:
+        info["cpu_model"] = None
+    info["loadavg_start"] = load_average()
+    return info
+
+
+def load_average() -> list[float] | None:
+    """1/5/15-minute load average (None where unavailable)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
