@@ -40,6 +40,7 @@ class Config:
     mem_batch: int = 256
     mem_ks: tuple[int, ...] = (5, 10, 20, 40)
     cost_reps: int = 5
+    verify_models: tuple[str, ...] | None = None  # None: verify every seed model
     skip: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
 
@@ -51,7 +52,7 @@ class Config:
         return cls(quick=True, threads=threads, seed=seed, ms=(32,), batches=(1, 8),
                    reps=2, cvx_reps=1, cvx_budget=1.0, hand_m=(32,), norms=(0.9,),
                    solver_batch=8, solver_m=32, deq_batches=(8,), mem_batch=8, mem_ks=(5, 10),
-                   cost_reps=1)
+                   cost_reps=1, verify_models=("opteq (canonical)",))
 
 
 # ---------------------------------------------------------------------------- the problem

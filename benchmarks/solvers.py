@@ -15,6 +15,9 @@ from .qp import fwd, fwd_bwd
 TOL = 1e-6
 MAX_ITER = 1000
 SOLVERS = ("plain", "anderson", "broyden")
+#: torchdeq's Anderson with its defaults, and with the module's history and nominal ridge
+DEQ_VARIANTS: dict[str, dict[str, Any]] = {"torchdeq-anderson": {},
+                                           "torchdeq-anderson m=5 lam=1e-8": {"m": 5, "lam": 1e-8}}
 
 
 def _deq(max_iter: int) -> Any:
@@ -29,15 +32,17 @@ def _deq(max_iter: int) -> Any:
 class DEQLayer(torch.nn.Module):
     """``q ↦ z*`` through torchdeq on the hand-written ``relu(Wᵀ(Wz) + q)``."""
 
-    def __init__(self, hand: HandDEQ, max_iter: int):
+    def __init__(self, hand: HandDEQ, max_iter: int, solver_kwargs: dict | None = None):
         super().__init__()
         self.hand = hand
         self.deq = _deq(max_iter)
+        self.solver_kwargs = dict(solver_kwargs or {})
         self.info: dict[str, Any] = {}
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         self.deq.train(torch.is_grad_enabled())
-        zs, self.info = self.deq(lambda z: self.hand.f(z, q), torch.zeros_like(q))
+        zs, self.info = self.deq(lambda z: self.hand.f(z, q), torch.zeros_like(q),
+                                 solver_kwargs=dict(self.solver_kwargs))
         return zs[-1]
 
 
@@ -74,17 +79,17 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             for s, mod in mods.items():
                 stats[s] = _solver_row(mod, q)
                 methods[s] = fwd(mod, q)
-            if have_deq:
-                deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), MAX_ITER)
+            for name, kw in (DEQ_VARIANTS if have_deq else {}).items():
+                deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), MAX_ITER, kw)
                 with torch.no_grad():
                     deq(q)
                 info = deq.info
                 rel = info["rel_lowest"]
-                stats["torchdeq-anderson"] = {
+                stats[name] = {
                     "iters_max": int(info["nstep"].max()),
                     "iters_mean": float(info["nstep"].float().mean()),
                     "reached_tol": bool(rel.max() <= TOL), "residual_max": float(rel.max())}
-                methods["torchdeq-anderson"] = fwd(deq, q)
+                methods[name] = fwd(deq, q)
             times = interleave(methods, dict.fromkeys(methods, cfg.reps))
             for name, st in stats.items():
                 st.update(norm=norm, dtype=dname, solver=name, time_s=median(times[name]),

@@ -297,10 +297,12 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
     print("1. OptEq hidden objective (conv W, Theorem 1) and its derived layer")
     print("=" * 78)
     print(base.describe())
+    _phase("derive", t_start)
     data = load_data(cfg.seed)
     xte = data[2]
     print("\nverification of the untrained layer against CVXPY (one test input):")
     print(_verify_once(base, xte[:1]))
+    _phase("verify", t_start)
     print("\n" + "=" * 78)
     print("2. Editing the objective: what each edit changes in the derivation")
     print("=" * 78)
@@ -320,10 +322,12 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
         trained[name] = model
     mlp = mlp_with(results[0].params)
     results.append(train(mlp, data, cfg, "MLP (same #params)", progress))
+    _phase("training", t_start)
     k = cfg.verify_inputs
     for r in results:
         if r.name in trained:
             r.verification = verify_model(trained[r.name], xte, k)
+    _phase("verification of trained layers", t_start)
     print()
     print(table(results))
     traces = residual_traces(base, trained["OptEq"].eq.state_dict(), xte[:64])
@@ -339,6 +343,10 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
          "results": [r.__dict__ for r in results]}, indent=2, default=float))
     print(f"\nwrote {out / 'report.md'} (+ {', '.join(plots)}, results.json) in {total:.0f} s")
     return {"results": results, "total_seconds": total, "out": str(out)}
+
+
+def _phase(name: str, t0: float) -> None:
+    print(f"[{time.perf_counter() - t0:6.1f} s] {name} done", flush=True)
 
 
 def _verify_once(derived: Any, x: torch.Tensor) -> str:
