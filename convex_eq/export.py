@@ -58,6 +58,11 @@ class ExportedProblem:
 
     def state_values(self) -> dict[str, np.ndarray]:
         """The state blocks at the CVXPY solution, reshaped to their declared shapes."""
+        if self.variable.value is None and self.problem.status in (cp.OPTIMAL,
+                                                                   cp.OPTIMAL_INACCURATE):
+            # the objective is constant and the variable appears in no constraint (e.g.
+            # Σ f_identity(z) = 0): CVXPY leaves it unset although every point is optimal
+            self.variable.value = np.zeros(self.variable.shape)
         if self.variable.value is None:
             raise ExportError(
                 f"problem has no solution (status {self.problem.status})", term="to_cvxpy"

@@ -49,7 +49,7 @@ def train(model: nn.Module, steps: int) -> list[float]:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

@@ -31,7 +31,7 @@ def train_and_save(path: str, steps: int) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    print(f"trained {steps} steps, final loss {float(loss):.4f}")
+    print(f"trained {steps} steps, final loss {float(loss.detach()):.4f}")
     # store the effective (norm-controlled) weights: the certificate refers to these
     torch.save({k: v.detach() for k, v in mod.env().items() if k in mod.weights}, path)
 

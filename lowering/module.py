@@ -8,6 +8,7 @@ applications of ``T``), or unrolled ``K`` steps from the initial point.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import Any
 
@@ -131,6 +132,10 @@ class EquilibriumModule(nn.Module):
             if ref is not None and t.dtype != ref.dtype:
                 t = t.to(ref.dtype)
             out[s.name] = t.reshape(t.shape[0], s.size)
+        sizes = {k: v.shape[0] for k, v in out.items()}
+        if len(set(sizes.values())) > 1:
+            raise ShapeError(f"inputs have different batch sizes {sizes}", term="forward",
+                             hint="batch every input along dim 0 with the same size")
         return out
 
     def T(self, z: torch.Tensor, inputs: dict[str, torch.Tensor],
@@ -157,6 +162,13 @@ class EquilibriumModule(nn.Module):
         if z0 is None:
             z0 = torch.zeros(b, self.state_size, dtype=dt, device=dev)
         else:
+            if not isinstance(z0, torch.Tensor) or z0.ndim == 0 or z0.shape[0] != b \
+                    or z0.numel() != b * self.state_size:
+                raise ShapeError(
+                    f"z0 has shape {tuple(getattr(z0, 'shape', ()))}, expected (B, "
+                    f"{self.state_size}) with B = {b} (or (B, *block shape))", term="forward",
+                    hint="pass z0 as a tensor with one flat state per sample",
+                )
             z0 = z0.reshape(b, self.state_size).to(dt)
 
         def f(z: torch.Tensor) -> torch.Tensor:
@@ -200,15 +212,28 @@ class EquilibriumModule(nn.Module):
         return z, SolverStats("unroll", res, torch.full((z.shape[0],), self.unroll_steps), conv,
                               self.tol)
 
+    def _contraction_text(self) -> str:
+        """The contraction estimate at the current weights (re-evaluated at most every 30 s in
+        warn mode: the estimate runs power iterations, too costly for every training step)."""
+        c = self.derived.contraction
+        now = time.monotonic()
+        cached = getattr(self, "_lip_cache", None)
+        if self.on_nonconvergence == "warn" and cached is not None and now - cached[0] < 30:
+            return f"{cached[1]} (estimated {now - cached[0]:.0f} s ago)"
+        try:
+            with torch.no_grad():
+                env = {k: v.detach() for k, v in self.env().items()}
+                text = c.describe(env)
+        except Exception as err:
+            text = f"{c.formula} (could not evaluate: {err})"
+        self._lip_cache = (now, text)
+        return text
+
     def _check_stats(self, stats: SolverStats) -> None:
         if bool(stats.converged.all()):
             return
         bad = int((~stats.converged).sum())
-        c = self.derived.contraction
-        try:
-            lip = c.describe(self.env())
-        except Exception as err:
-            lip = f"{c.formula} (could not evaluate: {err})"
+        lip = self._contraction_text()
         msg = (f"{bad}/{stats.converged.numel()} samples did not reach relative residual "
                f"{stats.tol:g} in {stats.residuals.shape[1]} iterations of {stats.solver} (worst "
                f"{stats.max_residual:.3e}); {lip}")

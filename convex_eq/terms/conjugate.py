@@ -13,7 +13,7 @@ from convex_eq.terms.potential import act_latex as _sig
 
 from ..activations import Activation
 from ..affine import Affine, as_affine
-from ..errors import LoweringError, ShapeError, SolverError
+from ..errors import LoweringError, NotDCPError, ShapeError, SolverError
 from ..export import ExportContext
 from ..symbols import Env, State, Symbol
 from .base import Curvature, StrongConvexity, Term
@@ -105,7 +105,14 @@ class SeparableAffineConjugate(Term):
         mn = m.detach().cpu().numpy()
         for qi, ti in zip(q.detach().cpu().numpy(), target.detach().cpu().numpy()):
             y = cp.Variable(mn.shape[0])
-            quad, expr, cons = self.act.cvxpy_split(y)
+            try:
+                quad, expr, cons = self.act.cvxpy_split(y)
+            except NotDCPError as err:
+                raise NotDCPError(
+                    f"Mᵀ is not injective, so the value needs the inner problem min_y "
+                    f"{{Σσ̃*(y) - <q,y> : Mᵀy = v/s}} in CVXPY, and {err.reason}", term=str(self),
+                    hint="use an M with full row rank (Mᵀ injective) or a DCP activation",
+                ) from err
             obj = 0.5 * (quad + 1.0) * cp.sum_squares(y) + expr - qi @ y
             prob = cp.Problem(cp.Minimize(obj), [*cons, mn.T @ y == ti])
             prob.solve(solver=cp.CLARABEL)
@@ -158,7 +165,10 @@ class SeparableAffineConjugate(Term):
         from .quadratic import Linear
 
         c = self.coef(ctx.env) * self.s
-        AntiderivativeConjugate(self.act, self._aux).__mul__(c).export(ctx)
+        try:
+            AntiderivativeConjugate(self.act, self._aux).__mul__(c).export(ctx)
+        except NotDCPError as err:  # name this term, not the auxiliary σ̃*(y) term
+            raise NotDCPError(err.reason, term=str(self), hint=err.hint) from err
         if self.q is not None:
             Linear(self.q, self._aux).__mul__(-c).export(ctx)
 

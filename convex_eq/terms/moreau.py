@@ -34,8 +34,9 @@ class MoreauEnvelope(Term):
                 f"Moreau envelope of a function of {len(states)} state blocks",
                 term=f"M[{self.inner}]", hint="take the envelope of each block's function",
             )
-        if scalar_value(mu) <= 0:
-            raise ScaleError(f"μ = {scalar_value(mu)} must be > 0", term=f"M[{self.inner}]")
+        if not scalar_value(mu) > 0 or not math.isfinite(scalar_value(mu)):
+            raise ScaleError(f"μ = {scalar_value(mu)} must be finite and > 0",
+                             term=f"M[{self.inner}]")
         super().__init__(states[0])
 
     @property
@@ -44,8 +45,8 @@ class MoreauEnvelope(Term):
 
     def mu_value(self, env: Env | None = None) -> float:
         mu = scalar_value(self.mu, env)
-        if mu <= 0:
-            raise ScaleError(f"μ = {mu} must be > 0", term=str(self))
+        if not mu > 0 or not math.isfinite(mu):
+            raise ScaleError(f"μ = {mu} must be finite and > 0", term=str(self))
         return mu
 
     def symbols(self) -> list[Symbol]:

@@ -83,7 +83,7 @@ class Potential(_ActivationTerm):
         if c < 0:
             raise NotDCPError("negative multiple of a convex potential", term=str(self))
         u = single_arg(self)
-        quad, expr, cons = self.act.cvxpy_split(ctx.expr(u))
+        quad, expr, cons = _cvxpy_split(self, ctx.expr(u))
         if quad != 0:
             ctx.add_quadratic(c * quad, u, None, source=f"{self} (-½u² part of f_σ)")
         ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
@@ -192,7 +192,7 @@ class AntiderivativeConjugate(_ActivationTerm):
         if c < 0:
             raise NotDCPError("negative multiple of a convex term", term=str(self))
         u = single_arg(self)
-        quad, expr, cons = self.act.cvxpy_split(ctx.expr(u))
+        quad, expr, cons = _cvxpy_split(self, ctx.expr(u))
         ctx.add_quadratic(c * (quad + 1.0), u, None, source=f"{self} (quadratic part)")
         ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
 
@@ -201,6 +201,14 @@ class AntiderivativeConjugate(_ActivationTerm):
 
     def raw_str(self) -> str:
         return f"Σ (∫{self.act.name})*({self._arg_str()})"
+
+
+def _cvxpy_split(term: _ActivationTerm, u: Any) -> Any:
+    """``term.act.cvxpy_split(u)``; a refusal names the term (not only the activation)."""
+    try:
+        return term.act.cvxpy_split(u)
+    except NotDCPError as err:
+        raise NotDCPError(err.reason, term=str(term), hint=err.hint) from err
 
 
 def _is_zero(e: Any) -> bool:
