@@ -54,7 +54,8 @@ def anderson(f: Callable[[torch.Tensor], torch.Tensor], z0: torch.Tensor, tol: f
 
 
 def _done(fz: torch.Tensor, z: torch.Tensor, tol: float) -> bool:
-    r = (fz - z).norm(dim=1) / fz.norm(dim=1).clamp_min(1e-30)
+    norm = torch.linalg.vector_norm
+    r = norm(fz - z, dim=1) / norm(fz, dim=1).clamp_min(1e-30)
     return bool(r.max() <= tol)
 
 

@@ -20,7 +20,16 @@ from typing import Any
 
 import torch
 
-from .common import Config, exact_qp, interleave, median, qp_inputs, qp_objective, qp_weight, rel_err
+from .common import (
+    Config,
+    exact_qp,
+    interleave,
+    median,
+    qp_inputs,
+    qp_objective,
+    qp_weight,
+    rel_err,
+)
 from .qp import fwd_bwd
 
 TOL = 1e-6
@@ -58,7 +67,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     """Implicit (Anderson to 1e-6) and unrolled K steps: graph bytes, peak bytes, residual, time."""
     import lowering
 
-    m, b, dtype = 128 if not cfg.quick else 32, cfg.mem_batch, torch.float32
+    m, b, dtype = cfg.solver_m, cfg.mem_batch, torch.float32
     w64 = qp_weight(m, norm=0.9, seed=cfg.seed)
     layer = lowering.lower(qp_objective(w64))
     qa, ca = qp_inputs(b, seed=cfg.seed)

@@ -29,8 +29,12 @@ def _x(x: float | None) -> str:
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    def cell(c: Any) -> str:
+        return str(c).replace("||", "‖").replace("|", "\\|")
+
+    out = ["| " + " | ".join(cell(h) for h in head) + " |",
+           "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
 
@@ -78,14 +82,23 @@ def markdown(res: dict[str, Any]) -> str:
     parts = [f"# convex-eq benchmarks{' (quick)' if cfg['quick'] else ''}", "",
              f"{info['date']} · {info.get('cpu_model') or info['processor']} · "
              f"{info['cpu_count']} CPUs · torch {info['versions']['torch']} "
-             f"({info['torch_threads']} threads) · cvxpy {info['versions']['cvxpy']} · "
+             f"({info['torch_threads']} threads, OMP_WAIT_POLICY="
+             f"{info.get('omp_wait_policy') or 'unset'}) · cvxpy {info['versions']['cvxpy']} · "
              f"cvxpylayers {info['versions']['cvxpylayers']} · torchdeq "
              f"{info['versions']['torchdeq']} · load {info.get('loadavg_start')} → "
              f"{info.get('loadavg_end')} · total {res.get('elapsed_s', 0):.0f} s", ""]
     cal = info.get("calibration", {})
     if cal:
-        parts += ["Calibration (small matmul, median): " + ", ".join(
+        parts += ["Calibration (32×64 · 64×128 matmul, median): " + ", ".join(
             f"{k.replace('matmul_32x64x128_us_', '')} {v:.0f} µs" for k, v in cal.items()), ""]
+        one = cal.get("matmul_32x64x128_us_1thr")
+        many = [v for k, v in cal.items() if not k.endswith("_1thr")]
+        if one and many and max(many) > 5 * one:
+            parts += [f"**Warning:** the {info['torch_threads']}-thread matmul is "
+                      f"{max(many) / one:.0f}× slower than the 1-thread one: the CPUs are "
+                      "contended and torch's OpenMP workers stall; every multithreaded torch "
+                      "timing below is inflated. Rerun on an idle machine or with --threads 1.",
+                      ""]
     parts += ["Times are medians over interleaved repetitions in one process on the same "
               "instances; ratios are only meaningful within this run.", ""]
     parts += ["## Targets", "", _table(["target", "measured", "met"], [
@@ -116,18 +129,27 @@ def _qp(qp: dict[str, Any]) -> list[str]:
                      f"{_e(mo['grad_err'])} / {_e(cv['grad_err'])}", len(cv["fwdbwd_times"])])
     ref = "; ".join(f"m={m}: {v['clarabel_vs_exact']:.1e}" for m, v in qp["reference"].items())
     fails = sum(r["ref_kkt_failures"] for r in qp["rows"])
+    margin = min((r["ref_margin"] for r in qp["rows"]), default=float("nan"))
     return [f"## 1. OptEq hidden QP, ||W||₂ = {qp['norm']}, d = 64 (W is m×64)", "",
-            "`min ½zᵀ(I − WᵀW)z − qᵀz s.t. z ≥ 0`; module: Anderson (m=5) forward to relative "
+            "`min ½zᵀ(I − WᵀW)z − qᵀz s.t. z ≥ 0`, declared as the canonical ReLU OptEq "
+            "`Σf_relu(z) + ½||z||² − <q, z> − ½||Wz||²` with z ∈ R^64 (`n` of `models.opteq`), "
+            "W ∈ R^{m×64} (`m` of `models.opteq`) and q an Input (in place of Ux + b); layer "
+            "`z ← relu(q + Wᵀ(Wz))`. Module: Anderson (m=5) forward to relative "
             f"residual {qp['tol']:g}, implicit backward; cvxpylayers: `backend=\"cvxpylayers\"` "
             f"(diffcp + SCS, {qp['cvx_solver_args']}), q the DPP parameter. Times in ms. Errors "
             "are the worst per-sample relative errors vs the exact active-set solve (z) and "
-            "∂ℓ/∂q for ℓ = Σ c⊙z.", "",
+            "∂ℓ/∂q for ℓ = Σ c⊙z: with A = {i : z*_i > 0} and M = WᵀW, z*_A = (I − M_AA)⁻¹q_A, "
+            "so ∂ℓ/∂q_A = (I − M_AA)⁻¹c_A and ∂ℓ/∂q_i = 0 off A (valid under strict "
+            "complementarity, margin below). cvxpylayers always solves in float64 (diffcp/SCS); "
+            "its rows are the same instances cast.", "",
             _table(["m", "dtype", "B", "module fwd", "module fwd+bwd", "iters mean/max",
                     "cvxpylayers fwd", "cvxpylayers fwd+bwd", "speedup fwd",
                     "speedup fwd+bwd", "z err module / cvx", "grad err module / cvx",
                     "cvx reps"], rows), "",
             f"Reference: exact active-set solve (KKT fixed point not reached in {fails} samples); "
-            f"its max relative difference to Clarabel (tight) on 2 samples: {ref}.", ""]
+            f"its max relative difference to Clarabel (tight) on 2 samples: {ref}. Smallest "
+            f"|(Mz* + q)_i| over all instances (distance to a kink of relu, where ∂z/∂q jumps): "
+            f"{margin:.1e}.", ""]
 
 
 def _overhead(qp: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
@@ -176,6 +198,12 @@ def _solvers(sv: dict[str, Any]) -> list[str]:
     return out
 
 
+def _rule(text: str, width: int = 34) -> str:
+    """Short name of a derivation step (before its formula)."""
+    short = text.split(" G =")[0].split(": prox")[0].strip()
+    return short if len(short) <= width else short[:width - 1] + "…"
+
+
 def _cost(cost: dict[str, Any]) -> list[str]:
     rows = []
     for r in cost["rows"]:
@@ -186,11 +214,11 @@ def _cost(cost: dict[str, Any]) -> list[str]:
         status = "yes" if passed else ("no" if passed is False else "—")
         if passed is False or "check_s" not in r or math.isnan(r.get("check_s", 0.0)):
             status += f" ({r.get('check_status', '')[:70]})"
-        rows.append([r["model"], r.get("rule", "")[:40], f"{r['lower_s'] * 1e3:.2f}",
+        rows.append([r["model"], _rule(r.get("rule", "")), f"{r['lower_s'] * 1e3:.2f}",
                      f"{r['check_s']:.2f}" if "check_s" in r and not math.isnan(r["check_s"])
                      else "—", status,
                      f"{r['direct_s']:.2f}" if not math.isnan(r.get("direct_s", math.nan))
-                     else f"— ({r.get('direct_note', '')[:40]})",
+                     else f"— ({_rule(r.get('direct_note', ''), 40)})",
                      _e(r.get("direct_err"))])
     return ["## 4. Lowering and verify cost (seed models, default sizes)", "",
             "lower = `lowering.lower(obj)` (median, ms); verify = `verify.check(layer, x)` on one "

@@ -8,7 +8,16 @@ from typing import Any
 
 import torch
 
-from .common import Config, exact_qp, interleave, median, qp_inputs, qp_objective, qp_weight, rel_err
+from .common import (
+    Config,
+    exact_qp,
+    interleave,
+    median,
+    qp_inputs,
+    qp_objective,
+    qp_weight,
+    rel_err,
+)
 from .hand import HandDEQ
 from .qp import fwd, fwd_bwd
 
@@ -65,7 +74,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     except ImportError:
         have_deq = False
     rows: list[dict[str, Any]] = []
-    qa, ca = qp_inputs(max(cfg.solver_batch, *cfg.deq_batches), seed=cfg.seed)
+    qa, _ = qp_inputs(max(cfg.solver_batch, *cfg.deq_batches), seed=cfg.seed)
     for norm in cfg.norms:
         w64 = qp_weight(cfg.solver_m, norm=norm, seed=cfg.seed)
         layer = lowering.lower(qp_objective(w64))

@@ -1,4 +1,4 @@
-"""``convex-eq`` command line: ``demo``, ``tour``, ``derive`` (and more as they land).
+"""``convex-eq`` command line: ``demo``, ``tour``, ``derive``, ``verify``, ``bench``.
 
 User mistakes print one readable line plus a hint and exit non-zero; ``--debug`` shows tracebacks.
 """
@@ -32,13 +32,27 @@ def load_object(spec: str) -> Any:
     if mod_spec is None or mod_spec.loader is None:
         raise CLIError(f"cannot import {path}", term="derive")
     mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
+    try:
+        mod_spec.loader.exec_module(mod)
+    except ConvexEqError:
+        raise
+    except Exception as err:  # a user file: report it in one line (tracebacks via --debug)
+        raise CLIError(f"error while running {path}: {type(err).__name__}: {err}",
+                       term="derive", hint="fix the file (rerun with --debug for a traceback)"
+                       ) from err
     kinds = (Objective, DeepComposition)
     if name:
         if not hasattr(mod, name):
             raise CLIError(f"{path} defines no '{name}'", term="derive")
         obj = getattr(mod, name)
-        obj = obj() if callable(obj) and not isinstance(obj, kinds) else obj
+        if callable(obj) and not isinstance(obj, kinds):
+            try:
+                obj = obj()
+            except ConvexEqError:
+                raise
+            except Exception as err:
+                raise CLIError(f"{name}() failed: {type(err).__name__}: {err}", term="derive",
+                               hint="rerun with --debug for a traceback") from err
     else:
         found = {k: v for k, v in vars(mod).items() if isinstance(v, kinds)}
         if len(found) != 1:
@@ -96,7 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--out", default="convex_eq_out", help="output folder (report + plots)")
     dm.add_argument("--no-progress", action="store_true", help="hide tqdm progress bars")
     dm.set_defaults(func=cmd_demo)
+    from verify.cli import add_parser as add_verify
+
+    add_verify(sub)
+    try:
+        from benchmarks.run import add_parser as add_bench
+    except ImportError:  # benchmarks/ ships with the source tree (editable installs)
+        b = sub.add_parser("bench", help="benchmarks (needs the source checkout)")
+        b.set_defaults(func=_no_bench)
+    else:
+        add_bench(sub)
     return p
+
+
+def _no_bench(args: argparse.Namespace) -> int:
+    raise CLIError("the benchmarks package is not importable", term="bench",
+                   hint="run from a source checkout installed with pip install -e .")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ class CvxpyLayerModule(nn.Module):
                                  f"expected (B, *{s.shape})", term="forward")
             args.append(t.reshape(t.shape[0], s.size).to(self.dtype))
         (f,) = self.layer(*args, solver_args=self.solver_args)
-        z = f @ self.state_map.T
+        z = f.to(self.state_map.dtype) @ self.state_map.T
         out, o = [], 0
         for b in self.blocks:
             out.append(z[:, o:o + b.size].reshape(z.shape[0], *b.shape))

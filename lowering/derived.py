@@ -80,6 +80,14 @@ class DerivedLayer:
                 raise ShapeError(f"unknown name '{k}'", term="T",
                                  hint=f"known: {', '.join(sorted(known))}")
         vals = values_from([*self.blocks, *self.inputs], kwargs)
+        sizes = {k: v.shape[0] for k, v in vals.items()}
+        if len(set(sizes.values())) > 1:
+            if len(set(sizes.values()) - {1}) == 1:
+                b = max(sizes.values())  # broadcast single samples (as Objective.value does)
+                vals = {k: v.expand(b, -1) if v.shape[0] == 1 else v for k, v in vals.items()}
+            else:
+                raise ShapeError(f"batch sizes differ: {sizes}", term="T",
+                                 hint="give every block and input the same batch size")
         env = {k: as_tensor(v) for k, v in kwargs.items()
                if known[k].kind in ("weight", "constant", "scalar")}
         out = self.apply(vals, env)

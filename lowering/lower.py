@@ -11,6 +11,7 @@ from convex_eq.terms.base import Term
 
 from .derived import DerivedLayer
 from .rules import canonical, deep, forward_backward, moreau_skip, precompose, theorem1
+from .rules.common import proxable
 from .rules.regularizers import apply_edits
 
 OPTIONS = {"regularizer", "deep_form", "tau"}
@@ -61,7 +62,7 @@ def lower(objective: Any, **options: Any) -> DerivedLayer:
 
 def _why(obj: Objective) -> str:
     nonsmooth = [t for t in obj.terms if not t.smooth]
-    blocking = [t for t in nonsmooth if not t.has_prox]
+    blocking = [t for t in nonsmooth if not proxable(t)]
     if blocking:
         return ("no lowering rule applies: term(s) " + ", ".join(f"'{t}' ({t.label})"
                                                                  for t in blocking)

@@ -71,6 +71,9 @@ class EquilibriumModule(nn.Module):
         self.blocks: list[Symbol] = list(derived.blocks)
         self.input_syms: list[Symbol] = list(derived.inputs)
         self.weights = nn.ParameterDict()
+        #: declared shapes, checked in env() (a wrongly shaped tensor put into ``weights`` or a
+        #: buffer would otherwise surface as a torch broadcasting error deep inside T)
+        self._shapes = {s.name: tuple(s.shape) for s in derived.parameters}
         self._const_names: list[str] = []
         self._scalar_names: list[str] = []
         for s in derived.parameters:
@@ -98,6 +101,16 @@ class EquilibriumModule(nn.Module):
             env[n] = getattr(self, f"const_{n}")
         for n in self._scalar_names:
             env[n] = getattr(self, f"scalar_{n}")
+        for n, t in env.items():
+            want = self._shapes.get(n)
+            if want is not None and tuple(t.shape) != want:
+                raise ShapeError(f"parameter '{n}' has shape {tuple(t.shape)}, the layer "
+                                 f"declares {want}", term=n,
+                                 hint="load weights of the declared shape")
+            if not bool(torch.isfinite(t).all()):
+                # an Inf weight can give a finite output (relu(-inf) = 0) with NaN gradients
+                raise NonFiniteError(f"parameter '{n}' contains NaN or Inf", term=n,
+                                     hint="check the optimizer step / the loaded state_dict")
         if self.weight_control is not None:
             env = self.weight_control(self, env)
         return env
@@ -142,6 +155,10 @@ class EquilibriumModule(nn.Module):
           env: dict[str, torch.Tensor]) -> torch.Tensor:
         """One application of the derived operator on the flat stacked state ``(B, N)``."""
         Z = dict(inputs)
+        if len(self.blocks) == 1:  # one block: no split / cat copies
+            b = self.blocks[0]
+            Z[b.name] = z
+            return self.derived.nodes[b.name].eval(Z, env)
         Z.update(self.derived.split(z))
         out = self.derived.apply(Z, env)
         return torch.cat([out[b.name] for b in self.blocks], dim=-1)

@@ -117,20 +117,45 @@ class GradSum(Node):
         self.terms = [t for t in terms if any(s is block for s in t.states())]
         self.block, self.sign = block, sign
         self.at = dict(at or {})
+        # evaluation plan, fixed at construction: per term the arguments that contain the block
+        # and the folded coefficient sign·scale (None: scalars, read from env at each call;
+        # args None: the term has its own grad rule)
+        self._plan: list[tuple[Term, list[int] | None, float | None]] = []
+        for t in self.terms:
+            if type(t).grad is not Term.grad or not t.smooth:
+                self._plan.append((t, None, None))
+                continue
+            idx = [k for k, a in enumerate(t.args) if any(s is block for s in a.symbols("state"))]
+            self._plan.append((t, idx, None if t.scalars else sign * t.scale))
 
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
-        vals = dict(Z)
-        for k, n in self.at.items():
-            vals[k] = n.eval(Z, env)
+        vals = Z
+        if self.at:
+            vals = dict(Z)
+            for k, n in self.at.items():
+                vals[k] = n.eval(Z, env)
         out = None
-        for t in self.terms:
-            g = t.grad(vals, env).get(self.block.name)
-            if g is None:
+        for t, idx, c in self._plan:
+            if idx is None:
+                g = t.grad(vals, env).get(self.block.name)
+                if g is not None:
+                    g = g if self.sign == 1.0 else self.sign * g
+                    out = g if out is None else out + g
                 continue
-            out = g if out is None else out + g
+            # Term.grad with the term coefficient and the sign folded into one scalar (no
+            # multiplication at all when it is 1, e.g. -(-<q,z>) and -(-½||Wz||²))
+            if c is None:
+                c = self.sign * t.coef(env)
+            gs = t.raw_grad([a.evaluate(vals, env) for a in t.args], env)
+            for k in idx:
+                if gs[k] is None:
+                    continue
+                contrib = t.args[k].adjoint(gs[k], self.block, env)
+                contrib = contrib if c == 1.0 else c * contrib
+                out = contrib if out is None else out + contrib
         if out is None:
             return torch.zeros_like(Z[self.block.name])
-        return self.sign * out
+        return out
 
     def lip(self, env: Env | None) -> float:
         inner = max([n.lip(env) for n in self.at.values()], default=1.0)

@@ -51,9 +51,10 @@ class SolverStats:
 
 def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """``||f(z) - z|| / max(||f(z)||, 1e-30)`` per sample."""
-    num = (fz - z).flatten(1).norm(dim=1)
-    den = fz.flatten(1).norm(dim=1).clamp_min(1e-30)
-    return num / den
+    if fz.ndim != 2:
+        fz, z = fz.flatten(1), z.flatten(1)
+    norm = torch.linalg.vector_norm
+    return norm(fz - z, dim=1) / norm(fz, dim=1).clamp_min(1e-30)
 
 
 class _Tracker:
@@ -70,28 +71,34 @@ class _Tracker:
         self.done = torch.zeros(b, dtype=torch.bool, device=z0.device)
 
     def record(self, z: torch.Tensor, fz: torch.Tensor) -> bool:
-        if not torch.isfinite(fz).all():
+        if fz.requires_grad:  # solvers run under no_grad: detach only when needed
+            fz, z = fz.detach(), z.detach()
+        r = rel_residual(fz, z)
+        self.hist.append(r)
+        # store f(z) (one more application is never worse for a contraction) as the iterate
+        self.best = torch.where((r < self.best_res)[:, None], fz, self.best)
+        # torch.minimum propagates NaN: a NaN/Inf anywhere in fz (its norm is then non-finite)
+        # makes best_res NaN for good, so one reduction answers "diverged?" and "all done?"
+        self.best_res = torch.minimum(r, self.best_res)
+        worst = float(self.best_res.max())
+        if worst != worst:
             raise NonFiniteError(
                 f"NaN/Inf in the fixed-point iterates after {len(self.hist)} iterations",
                 term=f"solver {self.name}",
                 hint="the iteration diverged: check the contraction estimate, scale the weights "
                 "(weight_control='spectral_norm') or the inputs",
             )
-        r = rel_residual(fz, z)
-        self.hist.append(r.detach())
-        better = r < self.best_res
-        # store f(z) (one more application is never worse for a contraction) as the iterate
-        self.best = torch.where(better[:, None], fz.detach(), self.best)
-        self.best_res = torch.where(better, r.detach(), self.best_res)
-        newly = (r <= self.tol) & ~self.done
-        self.iters = torch.where(newly, torch.full_like(self.iters, len(self.hist)), self.iters)
-        self.done = self.done | (r <= self.tol)
-        return bool(self.done.all())
+        return worst <= self.tol
 
     def stats(self) -> SolverStats:
         k = len(self.hist)
         res = (torch.stack(self.hist, dim=1) if self.hist
                else torch.zeros(self.best.shape[0], 0, dtype=self.best.dtype))
+        self.done = self.best_res <= self.tol
+        if k:  # first iteration at which each sample met tol (computed once, not per iteration)
+            met = res <= self.tol
+            first = met.to(torch.int8).argmax(dim=1) + 1
+            self.iters = torch.where(met.any(dim=1), first, torch.full_like(first, k))
         iters = torch.where(self.done, self.iters, torch.full_like(self.iters, k))
         return SolverStats(self.name, res, iters, self.done.clone(), self.tol)
 
@@ -158,30 +165,32 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     Fh[:, 1] = f(Fh[:, 0])
     if tr.record(X[:, 1], Fh[:, 1]):
         return tr.best, tr.stats()
+    H = torch.zeros(b, m + 1, m + 1, dtype=dt, device=dev)
+    H[:, 0, 1:] = 1
+    H[:, 1:, 0] = 1
+    y = torch.zeros(b, m + 1, 1, dtype=dt, device=dev)
+    y[:, 0] = 1
+    eye = torch.eye(m, dtype=dt, device=dev)
+    tiny = torch.finfo(dt).tiny ** 0.5
     for k in range(2, max_iter):
         nk = min(k, m)
         G = Fh[:, :nk] - X[:, :nk]
         GG = G @ G.transpose(1, 2)
-        scale = GG.diagonal(dim1=1, dim2=2).mean(dim=1).clamp_min(1e-300)
-        H = torch.zeros(b, nk + 1, nk + 1, dtype=dt, device=dev)
-        H[:, 0, 1:] = 1
-        H[:, 1:, 0] = 1
-        ridge = lam * scale + torch.finfo(dt).tiny ** 0.5
-        H[:, 1:, 1:] = GG + ridge[:, None, None] * torch.eye(nk, dtype=dt, device=dev)
-        y = torch.zeros(b, nk + 1, 1, dtype=dt, device=dev)
-        y[:, 0] = 1
-        sol, info = torch.linalg.solve_ex(H, y)
+        ridge = lam * GG.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
+        H[:, 1:nk + 1, 1:nk + 1] = GG + ridge[:, None, None] * eye[:nk, :nk]
+        sol, info = torch.linalg.solve_ex(H[:, :nk + 1, :nk + 1], y[:, :nk + 1])
         alpha = sol[:, 1:nk + 1, 0]
-        bad = (info != 0) | ~torch.isfinite(alpha).all(dim=1)
-        if bool(bad.any()):  # fall back to the latest plain step for those samples
+        if bool(info.any()):  # singular: fall back to the latest plain step for those samples
             plain_step = torch.zeros_like(alpha)
             plain_step[:, (k - 1) % m] = 1.0
-            alpha = torch.where(bad[:, None], plain_step, alpha)
-        x_new = beta * (alpha[:, None] @ Fh[:, :nk])[:, 0] + \
-            (1 - beta) * (alpha[:, None] @ X[:, :nk])[:, 0]
+            alpha = torch.where((info != 0)[:, None], plain_step, alpha)
+        x_new = (alpha[:, None] @ Fh[:, :nk])[:, 0]
+        if beta != 1.0:
+            x_new = beta * x_new + (1 - beta) * (alpha[:, None] @ X[:, :nk])[:, 0]
+        fx = f(x_new)
         X[:, k % m] = x_new
-        Fh[:, k % m] = f(x_new)
-        if tr.record(X[:, k % m], Fh[:, k % m]):
+        Fh[:, k % m] = fx
+        if tr.record(x_new, fx):
             break
     return tr.best, tr.stats()
 

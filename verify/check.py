@@ -25,6 +25,7 @@ from convex_eq.certificate import certify
 from convex_eq.composition import DeepComposition
 from convex_eq.errors import ExportError, OptionError
 from convex_eq.objective import Objective
+from convex_eq.terms.moreau import MoreauEnvelope
 from lowering.derived import DerivedLayer
 from lowering.module import EquilibriumModule
 
@@ -36,6 +37,7 @@ from .equilibrium import (
     operator,
     prepare_inputs,
     resolve_target,
+    single_thread,
 )
 from .gradients import gradient_check
 from .lifting import lift
@@ -94,6 +96,11 @@ def _tolerances(tol: Tolerances | float | Mapping[str, float] | None) -> Toleran
     if isinstance(tol, (int, float)):
         return Tolerances(rel_error=float(tol))
     if isinstance(tol, Mapping):
+        known = set(Tolerances.__dataclass_fields__)
+        unknown = sorted(set(tol) - known)
+        if unknown:
+            raise OptionError(f"unknown tolerance(s) {unknown}", term="verify.check",
+                              hint=f"known: {sorted(known)}")
         return Tolerances(**{k: float(v) for k, v in tol.items()})
     raise OptionError(f"tol must be a Tolerances, a float or a dict, got {type(tol).__name__}",
                       term="verify.check")
@@ -109,8 +116,9 @@ def _flat(z: Mapping[str, np.ndarray], names: list[str]) -> np.ndarray:
 
 
 def _rel_err(a: np.ndarray, ref: np.ndarray, floor: float) -> tuple[float, float]:
-    d = float(np.linalg.norm(a - ref))
-    return d / max(float(np.linalg.norm(ref)), floor), d
+    with np.errstate(all="ignore"):
+        d = float(np.linalg.norm(a - ref))
+        return d / max(float(np.linalg.norm(ref)), floor), d
 
 
 class _Run:
@@ -148,9 +156,21 @@ class _Run:
             self.failures.append(message)
 
     def independent_stationarity(self, obj: Objective, b: int) -> float | None:
-        """Projected gradient of the lifted objective at the layer's state (autograd)."""
+        """Projected gradient of the lifted objective at the layer's state (autograd); for
+        ``φ∘A`` at ``u = A(z)`` on ``φ`` (whose potentials then act on plain states)."""
+        z = self.layer_state(b)
+        pc = getattr(obj, "precomposition", None)
+        if pc is not None:
+            m = pc.M.resolve(self.env).detach().to(T64).numpy()
+            u = m @ z[pc.new.name]
+            if pc.c is not None:
+                u = u + pc.c.resolve(self.env).detach().to(T64).numpy().reshape(-1)
+            obj, z = pc.inner, {pc.old.name: u}
+        if len(obj.terms) == 1 and isinstance(obj.terms[0], MoreauEnvelope) and \
+                obj.terms[0].coef(self.env) > 0:
+            obj = obj.terms[0].inner  # argmin λM^μ_φ = argmin φ (the Moreau skip claim)
         p = lift(obj, self.sample_inputs_t(b), _env_for(obj, self.env))
-        v = p.lift_point(self.layer_state(b))
+        v = p.lift_point(z)
         if v is None:
             return None
         return p.projected_gradient(v) / max(1.0, float(np.linalg.norm(v)))
@@ -291,7 +311,10 @@ class _Run:
                 s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
             s.objective = out.layer_value
             s.reference_objective = out.best_value
-            if out.layer_value is not None and math.isfinite(out.best_value):
+            if out.best_value < -1e100:
+                s.notes.append("a start ran off to an unbounded-below direction: G has no "
+                               "global minimizer here")
+            elif out.layer_value is not None and math.isfinite(out.best_value):
                 s.gap = (out.layer_value - out.best_value) / max(1.0, abs(out.best_value))
                 if s.gap > self.tols.gap:
                     s.notes.append(f"a start reached a lower value (by {s.gap:.3e}): the "
@@ -300,8 +323,14 @@ class _Run:
             if so_info is not None:
                 s.lambda_min = so_info["lambda_min"]
                 s.second_order = so_info["verdict"]
-            s.label = "local minimizer" if s.second_order == "local minimizer" else \
-                "stationary point"
+            stationary = s.residual <= self.tols.residual and (
+                s.stationarity is None or s.stationarity <= self.tols.stationarity)
+            if not stationary:
+                s.label = "not stationary"
+            elif s.second_order == "local minimizer":
+                s.label = "local minimizer"
+            else:
+                s.label = "stationary point"
             s.status = f"{out.at_layer}/{out.starts} starts at the layer's state"
             labels.append(s.label)
         self.ref = ReferenceInfo(
@@ -313,8 +342,12 @@ class _Run:
             max(1, self.starts))
         self.rules["reference"] = True
         self.z_ref = np.stack(refs) if len(refs) == self.bsz else None
-        self.label = "local minimizer" if labels and all(
-            lab == "local minimizer" for lab in labels) else "stationary point"
+        if "not stationary" in labels:
+            self.label = "not stationary"
+        elif labels and all(lab == "local minimizer" for lab in labels):
+            self.label = "local minimizer"
+        else:
+            self.label = "stationary point"
         if any(s.stationarity is not None for s in self.samples):
             self.check_stationarity()
         else:
@@ -383,7 +416,9 @@ class _Run:
         self.ref = ReferenceInfo(
             "sam", f"argmin_(Fix T) R by value function: min R s.t. φ(z) ≤ φ* + δ "
             f"(δ = {delta:.1e}; reference error O(√δ)); Fix T = argmin φ", outs[0].solver,
-            [o.status for o in outs], _tol_dict(self.opts))
+            [o.status for o in outs],
+            {**{f"stage1 {k}": v for k, v in _tol_dict(self.opts).items()},
+             **{f"stage2 {k}": v for k, v in _tol_dict(outs[-1].options).items()}})
         bad = [b for b, o in enumerate(outs) if not o.ok]
         if bad:
             self.ref.ok = False
@@ -420,7 +455,17 @@ def check(target: Any, x: Any, *, gradients: bool = False,
     starts of the local reference; ``reference``: "auto" (MATH §9) | "cvxpy" | "numeric" |
     "local"; ``solver_options``: CVXPY options (default Clarabel, gap/feasibility 1e-11; SCS only
     with eps ≤ 1e-9); ``gradients``: also compare ``dℓ/dx`` with cvxpylayers and finite
-    differences (DCP-exportable objectives)."""
+    differences (DCP-exportable objectives).  Torch runs single-threaded during the call."""
+    with single_thread():
+        return _check(target, x, gradients=gradients, tol=tol, starts=starts, seed=seed,
+                      reference=reference, solver_options=solver_options)
+
+
+def _check(target: Any, x: Any, *, gradients: bool = False,
+          tol: Tolerances | float | Mapping[str, float] | None = None, starts: int = 5,
+          seed: int = 0, reference: str = "auto",
+          solver_options: Mapping[str, Any] | None = None) -> Report:
+    """The body of ``check`` (see there)."""
     t0 = time.perf_counter()
     if reference not in REFERENCES:
         raise OptionError(f"unknown reference {reference!r}", term="verify.check",
@@ -471,7 +516,14 @@ def check(target: Any, x: Any, *, gradients: bool = False,
                          f"only (local reference)")
 
     # 3. reference ---------------------------------------------------------------------------
-    if isinstance(src, DeepComposition):
+    if worst > res_tol and not eq.converged:
+        run.notes.append("no reference computed: without an equilibrium there is nothing to "
+                         "compare (the layer may have no fixed point here)")
+        run.ref = ReferenceInfo("none", "not computed (equilibrium not found)", ok=False)
+        run.label = "equilibrium not found"
+        for s in run.samples:
+            s.label = "equilibrium not found" if s.residual > res_tol else "not compared"
+    elif isinstance(src, DeepComposition):
         if not_certified:
             run.notes.append("deep model with violated layer conditions: Corollary 1 / Theorem 2 "
                              "residuals are reported but certify nothing")
@@ -558,7 +610,8 @@ def _module_note(run: _Run, module: EquilibriumModule, inputs: dict[str, torch.T
     zm = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1).to(T64)
     if zm.shape == z.shape:
         d = float((zm - z).norm() / z.norm().clamp_min(1e-3))
-        run.notes.append(f"module forward ({module.solver}, tol {module.tol:g}, {dt}) vs the "
+        solver = "SAM" if module.sam is not None else module.solver
+        run.notes.append(f"module forward ({solver}, tol {module.tol:g}, {dt}) vs the "
                          f"tight float64 equilibrium: relative difference {d:.3e} "
                          "(informational; the check uses the tight solve with the module's "
                          "weights)")

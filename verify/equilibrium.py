@@ -1,4 +1,4 @@
-"""Targets, weights, inputs and the tight equilibrium solve shared by ``check`` and ``gradients``."""
+"""Targets, weights, inputs and the tight equilibrium solve (shared by check and gradients)."""
 
 from __future__ import annotations
 
@@ -106,10 +106,10 @@ def operator(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
 
 
 def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
-                env: Mapping[str, torch.Tensor], tol: float = 1e-12, max_iter: int = 2000,
+                env: Mapping[str, torch.Tensor], tol: float = 1e-12, max_iter: int = 500,
                 fallback: bool = True) -> tuple[torch.Tensor, EquilibriumInfo]:
-    """Tight float64 solve of ``z = T(z, x)``: Anderson (m = 5), then (``fallback``) Anderson
-    (m = 10) and plain iteration if needed; returns the stacked state and the solve's record."""
+    """Tight float64 solve of ``z = T(z, x)``: Anderson (m = 5), then (``fallback``) plain
+    iteration from its best iterate; returns the stacked state and the solve's record."""
     f = operator(derived, inputs, env)
     bsz = next(iter(inputs.values())).shape[0] if inputs else 1
     z0 = torch.zeros(bsz, derived.state_size, dtype=T64)
@@ -118,11 +118,7 @@ def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
         name = "anderson (m=5)"
         hist = [st.residuals]
         if fallback and not bool(st.converged.all()):
-            z, st = solve(f, z, "anderson", tol=tol, max_iter=max_iter, m=10)
-            name += " → anderson (m=10)"
-            hist.append(st.residuals)
-        if fallback and not bool(st.converged.all()):
-            z, st = solve(f, z, "plain", tol=tol, max_iter=10 * max_iter)
+            z, st = solve(f, z, "plain", tol=tol, max_iter=2 * max_iter)
             name += " → plain"
             hist.append(st.residuals)
     return z, info_from_stats(name, st, torch.cat(hist, dim=1), tol)
@@ -149,6 +145,27 @@ def fresh_module(derived: DerivedLayer, env: Mapping[str, torch.Tensor], **optio
         new[key] = env[name].to(val.dtype).reshape(val.shape) if name in env else val
     m.load_state_dict(new)
     return m
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run torch and the BLAS/OpenMP pools (through ``threadpoolctl`` when installed) on one
+    thread: the references evaluate tiny problems thousands of times, and thread hand-offs
+    (spinning OpenBLAS workers under load) dominate otherwise; settings are restored."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - optional
+        limiter = None
+    else:
+        limiter = threadpool_limits(1)
+    try:
+        yield
+    finally:
+        if limiter is not None:
+            limiter.restore_original_limits()
+        torch.set_num_threads(n)
 
 
 @contextmanager

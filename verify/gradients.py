@@ -5,6 +5,7 @@ forward map ``x ↦ ℓ(z*(x))`` (tight float64 solves)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,7 +64,9 @@ def gradient_check(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
     try:
         with bound_values(derived.symbols, env):
             cl = derived.torch_module(backend="cvxpylayers", solver_args=solver_args)
-        grads["cvxpylayers"] = run(cl)
+        with warnings.catch_warnings():  # numpy-2 copy-keyword deprecations inside diffcp
+            warnings.simplefilter("ignore", DeprecationWarning)
+            grads["cvxpylayers"] = run(cl)
     except Exception as err:  # reported as a failed reference, never compared
         notes.append(f"cvxpylayers failed: {type(err).__name__}: {err}")
     grads["finite differences"] = finite_differences(derived, inputs, env, c, fd_step)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,12 @@ class LiftedProblem:
     duals: dict[str, Dual] = field(default_factory=dict)
     top_states: list[str] = field(default_factory=list)
     n: int = 0
+    coupled: bool = False
+    #: non-smooth separable terms with a closed-form prox on a plain block (e.g. ``γ||z||₁``):
+    #: block name → term; their contributions are excluded from the smooth gradient
+    prox_terms: dict[str, Any] = field(default_factory=dict)
+    nonsmooth: set[int] = field(default_factory=set)
+    env: Any = None
 
     # ------------------------------------------------------------------ structure
     def add_block(self, name: str, size: int, lo: np.ndarray, hi: np.ndarray, origin: str,
@@ -107,17 +114,31 @@ class LiftedProblem:
         return np.clip(v, self.lower, self.upper)
 
     def split(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Flat ``(N,)`` → block name → ``(1, size)``."""
-        return {b.name: v[b.sl].reshape(1, b.size) for b in self.blocks}
+        """Flat ``(N,)`` or batched ``(K, N)`` → block name → ``(K, size)``."""
+        vv = v.reshape(-1, self.n)
+        return {b.name: vv[:, b.sl] for b in self.blocks}
 
     # ------------------------------------------------------------------ evaluation
+    def values_t(self, v: torch.Tensor) -> torch.Tensor:
+        """``F`` at each row of ``(K, N)`` (rows independent unless a term is batch-coupled)."""
+        parts = self.split(v)
+        tot = torch.zeros(v.reshape(-1, self.n).shape[0], dtype=T64)
+        for c in self.contributions:
+            tot = tot + c(parts)
+        return tot
+
     def value_t(self, v: torch.Tensor) -> torch.Tensor:
         """``F(v)`` as a 0-d tensor (autograd-able)."""
-        parts = self.split(v)
-        tot = torch.zeros((), dtype=T64)
-        for c in self.contributions:
-            tot = tot + c(parts).sum()
-        return tot
+        return self.values_t(v.reshape(1, self.n)).sum()
+
+    def grads(self, vs: np.ndarray) -> np.ndarray:
+        """``∇F`` at each row of ``(K, N)`` in one autograd call (a loop if batch-coupled)."""
+        if self.coupled:
+            return np.stack([self.grad(v) for v in vs])
+        vt = torch.as_tensor(np.array(vs, dtype=np.float64)).requires_grad_()
+        f = self.values_t(vt)
+        (g,) = torch.autograd.grad(f.sum(), vt)
+        return np.nan_to_num(g.detach().numpy(), nan=0.0, posinf=1e300, neginf=-1e300)
 
     def value(self, v: np.ndarray) -> float:
         """``F(v)`` (``inf`` outside the domain)."""
@@ -140,10 +161,38 @@ class LiftedProblem:
     def grad(self, v: np.ndarray) -> np.ndarray:
         return self.fun_grad(v)[1]
 
+    def smooth_grad(self, v: np.ndarray) -> np.ndarray:
+        """``∇h(v)``: autograd of every contribution except the prox terms."""
+        vt = torch.as_tensor(np.array(v, dtype=np.float64)).requires_grad_()
+        parts = self.split(vt)
+        tot = torch.zeros((), dtype=T64)
+        for i, c in enumerate(self.contributions):
+            if i not in self.nonsmooth:
+                tot = tot + c(parts).sum()
+        (g,) = torch.autograd.grad(tot, vt, allow_unused=True)
+        if g is None:
+            return np.zeros_like(v)
+        return np.nan_to_num(g.detach().numpy(), nan=0.0, posinf=1e300, neginf=-1e300)
+
+    def prox_step(self, w: np.ndarray, t: float = 1.0) -> np.ndarray:
+        """``prox_{t·g}(w)``, ``g`` = prox terms + box indicator (separable: the 1-D prox of a
+        convex term followed by the clip is the prox of their sum)."""
+        out = np.array(w, dtype=np.float64)
+        for b in self.blocks:
+            term = self.prox_terms.get(b.name)
+            if term is not None:
+                wt = torch.as_tensor(out[b.sl]).reshape(1, b.size)
+                out[b.sl] = term.prox(wt, t, self.env)[0].detach().numpy()
+        return self.clip(out)
+
     def projected_gradient(self, v: np.ndarray) -> float:
-        """``||v - P_box(v - ∇F(v))||`` (zero iff ``v`` is stationary on the box)."""
-        _, g = self.fun_grad(v)
-        return float(np.linalg.norm(v - self.clip(v - g)))
+        """Forward–backward residual ``||v - prox_g(v - ∇h(v))||`` with unit step (the projected
+        gradient when ``g`` is only the box); zero iff ``v`` is stationary; ``inf`` where ``F``
+        is not finite (nothing is stationary outside the domain)."""
+        if not math.isfinite(self.value(v)):
+            return math.inf
+        g = self.smooth_grad(v)
+        return float(np.linalg.norm(v - self.prox_step(v - g)))
 
     def states(self, v: np.ndarray) -> dict[str, np.ndarray]:
         """The top-level states at ``v`` (flat ``(size,)`` arrays)."""
@@ -169,7 +218,11 @@ class LiftedProblem:
                 v[b.sl] = y
             else:
                 return None
-        return v
+        # round-off outside a closed bound (e.g. -1e-17 for a ReLU state) is clipped; a real
+        # violation stays and makes F infinite (nothing is stationary outside the domain)
+        c = self.clip(v)
+        small = np.abs(c - v) <= 1e-10 * np.maximum(1.0, np.abs(v))
+        return np.where(small, c, v)
 
     def start_point(self) -> np.ndarray:
         """A deterministic interior start: 0 where admissible, else the box midpoint / lo+1."""
@@ -214,7 +267,7 @@ def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool
 
 def lift(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> LiftedProblem:
     """Lift ``obj`` at one sample of ``inputs`` (name → ``(1, size)`` float64)."""
-    p = LiftedProblem()
+    p = LiftedProblem(env=env)
     _lift_into(p, obj, {}, 1.0, dict(inputs), env)
     p.top_states = [s.name for s in obj.states]
     return p
@@ -225,7 +278,8 @@ def _values_fn(p: LiftedProblem, obj: Objective, alias: dict[str, str], inputs: 
     names = [s.name for s in obj.states]
 
     def values(parts: V) -> dict[str, torch.Tensor]:
-        out = dict(inputs)
+        k_rows = next(iter(parts.values())).shape[0]
+        out = {k: v.expand(k_rows, -1) for k, v in inputs.items()}
         for k in names:
             out[k] = p.state_fns[alias.get(k, k)](parts)
         return out
@@ -260,6 +314,7 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
         blk = p.add_block(name, s.size, lo, hi, origin, name)
         p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
     values = _values_fn(p, obj, alias, inputs)
+    p.coupled = p.coupled or any(getattr(t, "batch_coupled", False) for t in obj.terms)
     for t in obj.terms:
         if isinstance(t, SeparableAffineConjugate) and t.coef(env) > 0 and \
                 alias.get(t.state.name, t.state.name) in p.duals:
@@ -293,6 +348,14 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
             def term_val(parts: V, t: Any = t) -> torch.Tensor:
                 return scale * t.value(values(parts), env)
 
+            st = t.prox_state
+            blk = alias.get(st.name, st.name) if st is not None else None
+            if (not t.smooth and not isinstance(t, Potential) and st is not None
+                    and getattr(t, "separable", False) and t.has_prox and t.coef(env) > 0
+                    and blk is not None and blk not in p.prox_terms
+                    and any(b.name == blk for b in p.blocks) and scale == 1.0):
+                p.prox_terms[blk] = t
+                p.nonsmooth.add(len(p.contributions))
             p.contributions.append(term_val)
 
 
@@ -302,20 +365,63 @@ def minimize(p: LiftedProblem, v0: np.ndarray, *, gtol: float = 1e-12, maxiter: 
     """L-BFGS-B (exact gradients, box bounds) from ``v0``, then optional projected Newton
     polishing (Hessian by central differences of the exact gradient) to ~1e-13."""
     v0 = p.clip(np.asarray(v0, dtype=np.float64))
-    res = so.minimize(p.fun_grad, v0, jac=True, method="L-BFGS-B", bounds=p.bounds(),
-                      options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-16,
-                               "gtol": gtol, "maxcor": 30})
-    v = p.clip(res.x)
     method = "scipy L-BFGS-B (exact autograd gradients)"
-    nit = int(res.nit)
-    if polish:
-        v, k = newton_polish(p, v)
-        nit += k
-        method += " + projected Newton polish"
-    f = p.value(v)
-    pg = p.projected_gradient(v)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = so.minimize(p.fun_grad, v0, jac=True, method="L-BFGS-B", bounds=p.bounds(),
+                          options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-16,
+                                   "gtol": gtol, "maxcor": 30})
+        v = p.clip(res.x)
+        nit = int(res.nit)
+        if p.prox_terms and np.all(np.isfinite(v)):
+            # |·|-type terms: L-BFGS-B only gets close; FISTA identifies the support
+            v, k = prox_gradient_polish(p, v, iters=300 if polish else 100)
+            nit += k
+            method += " + accelerated proximal-gradient"
+        if polish and np.all(np.isfinite(v)):
+            v, k = newton_polish(p, v)
+            nit += k
+            method += " + projected Newton polish"
+        f = p.value(v) if np.all(np.isfinite(v)) else math.nan
+        pg = p.projected_gradient(v) if np.all(np.isfinite(v)) else math.inf
     msg = res.message if isinstance(res.message, str) else str(res.message)
+    if not np.isfinite(f) or f < -1e100:
+        msg += " (objective unbounded below along this run)"
     return MinResult(v, f, pg, nit, msg, bool(np.isfinite(f)), method)
+
+
+def prox_gradient_polish(p: LiftedProblem, v: np.ndarray, iters: int = 3000,
+                         tol: float = 1e-14) -> tuple[np.ndarray, int]:
+    """FISTA with backtracking and adaptive restart on ``h + g`` (``g``: prox terms + box)."""
+
+    def h(u: np.ndarray) -> float:
+        vt = torch.as_tensor(u, dtype=T64)
+        with torch.no_grad():
+            parts = p.split(vt)
+            return float(sum(c(parts).sum() for i, c in enumerate(p.contributions)
+                             if i not in p.nonsmooth))
+
+    x, y, tk, lip = v.copy(), v.copy(), 1.0, 1.0
+    k = 0
+    if not math.isfinite(p.value(v)):
+        return v, 0
+    for k in range(1, iters + 1):
+        gy, hy = p.smooth_grad(y), h(y)
+        while True:
+            xn = p.prox_step(y - gy / lip, 1.0 / lip)
+            d = xn - y
+            if h(xn) <= hy + float(gy @ d) + 0.5 * lip * float(d @ d) + 1e-15 * max(1.0, abs(hy)):
+                break
+            lip *= 2.0
+        tn = 0.5 * (1 + math.sqrt(1 + 4 * tk * tk))
+        restart = float((xn - x) @ (y - xn)) > 0
+        y = xn if restart else xn + (tk - 1) / tn * (xn - x)
+        tk = 1.0 if restart else tn
+        x = xn
+        lip = max(lip / 1.5, 1e-12)
+        if k % 10 == 0 and p.projected_gradient(x) <= tol * max(1.0, float(np.linalg.norm(x))):
+            break
+    return x, k
 
 
 def active_set(p: LiftedProblem, v: np.ndarray, g: np.ndarray, tol: float = 1e-10
@@ -334,31 +440,42 @@ def fd_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray:
     (one-sided where a bound is closer than the step)."""
     k = len(idx)
     h = np.zeros((k, k))
+    if k == 0:
+        return h
     lo, hi = p.lower, p.upper
+    pts = np.repeat(v[None, :], 2 * k, axis=0)
+    widths = np.zeros(k)
     for a, j in enumerate(idx):
         step = 1e-6 * max(1.0, abs(v[j]))
         up = min(step, (hi[j] - v[j]) if np.isfinite(hi[j]) else step)
         dn = min(step, (v[j] - lo[j]) if np.isfinite(lo[j]) else step)
-        vp, vm = v.copy(), v.copy()
-        vp[j] += up
-        vm[j] -= dn
-        if up + dn <= 0:
-            continue
-        gp, gm = p.grad(vp), p.grad(vm)
-        h[:, a] = (gp[idx] - gm[idx]) / (up + dn)
+        pts[2 * a, j] += up
+        pts[2 * a + 1, j] -= dn
+        widths[a] = up + dn
+    gs = p.grads(pts)
+    for a in range(k):
+        if widths[a] > 0:
+            h[:, a] = (gs[2 * a, idx] - gs[2 * a + 1, idx]) / widths[a]
     return 0.5 * (h + h.T)
 
 
 def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.ndarray, int]:
     """Projected Newton steps on the free coordinates while the projected gradient decreases."""
     f, g = p.fun_grad(v)
-    pg = float(np.linalg.norm(v - p.clip(v - g)))
+    if not math.isfinite(f):
+        return v, 0
+    pg = p.projected_gradient(v)
     k = 0
-    for k in range(1, iters + 1):
+    for _ in range(iters):
+        k += 1
         if pg <= 1e-14 * max(1.0, float(np.linalg.norm(v))) or not math.isfinite(f):
             break
         at_lo, at_hi = active_set(p, v, g)
-        free = np.where(~(at_lo | at_hi))[0]
+        fixed = at_lo | at_hi
+        for b in p.blocks:  # on the support |·| is smooth; coordinates at a kink stay fixed
+            if b.name in p.prox_terms:
+                fixed[b.sl] |= np.abs(v[b.sl]) <= 1e-12
+        free = np.where(~fixed)[0]
         if free.size == 0:
             break
         hess = fd_hessian(p, v, free)
@@ -371,7 +488,7 @@ def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.
         for _ in range(30):
             vn = p.clip(v + t * d)
             fn, gn = p.fun_grad(vn)
-            pgn = float(np.linalg.norm(vn - p.clip(vn - gn)))
+            pgn = p.projected_gradient(vn)
             if math.isfinite(fn) and (fn < f - 1e-4 * t * abs(float(g @ d)) or
                                       (pgn < pg and fn <= f + 1e-13 * max(1.0, abs(f)))):
                 v, f, g, pg = vn, fn, gn, pgn
@@ -389,7 +506,11 @@ def second_order(p: LiftedProblem, v: np.ndarray, tol: float = 1e-8) -> dict[str
     _, g = p.fun_grad(v)
     at_lo, at_hi = active_set(p, v, g, tol=1e-9)
     mult = np.concatenate([g[at_lo], -g[at_hi]])
-    free = np.where(~(at_lo | at_hi))[0]
+    kink = np.zeros(p.n, dtype=bool)
+    for b in p.blocks:  # a coordinate held at a kink of a prox term (|·| at 0) is fixed too
+        if b.name in p.prox_terms:
+            kink[b.sl] = np.abs(v[b.sl]) <= 1e-12
+    free = np.where(~(at_lo | at_hi | kink))[0]
     lam = float(np.linalg.eigvalsh(fd_hessian(p, v, free)).min()) if free.size else math.inf
     strict = bool(mult.size == 0 or mult.min() > tol)
     if lam > tol and strict:

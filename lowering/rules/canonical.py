@@ -15,7 +15,7 @@ from convex_eq.terms.quadratic import SqNorm
 from ..derived import DerivedLayer
 from ..nodes import GradSum, Prox, Sigma, Var
 from ..trace import Claim, Contraction, Derivation, Step
-from .common import certificate, claim_from_certificate, sum_lip_text
+from .common import certificate, claim_from_certificate, proxable, sum_lip_text
 
 
 @dataclass
@@ -32,7 +32,7 @@ def _interval_potential(p: Potential) -> bool:
 
 
 def _separable_prox(t: Term) -> bool:
-    return bool(getattr(t, "separable", False)) and t.has_prox and t.prox_state is not None
+    return bool(getattr(t, "separable", False)) and proxable(t) and t.prox_state is not None
 
 
 def _differentiable(t: Term) -> bool:

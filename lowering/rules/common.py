@@ -24,6 +24,13 @@ def claim_from_certificate(obj: Any, cert: Certificate, what: str, kind_if_conve
                  f"(not convex: {cert.reason})", objective_text=str(obj))
 
 
+def proxable(t: Term) -> bool:
+    """``t`` has a closed-form prox that ``prox_{τ·t}`` can evaluate: ``Term.prox`` needs a
+    positive coefficient, so ``-||z||₁`` or ``-½||z||²`` are not prox-able (lowering them as a
+    prox step would derive a layer whose ``T`` always raises)."""
+    return t.has_prox and t.coef(None) > 0
+
+
 def certificate(obj: Any, env: Env | None = None) -> Certificate:
     return certify(obj, env)
 

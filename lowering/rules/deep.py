@@ -79,10 +79,18 @@ def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
         claim = Claim("inclusion", "0 ∈ ∂Φ(z̃) + (I − P)z̃, Φ(z̃) = Σ_i α M^{1-α}[φ_i](z_i) "
                       "(Theorem 2)", "0 \\in \\partial\\Phi(\\tilde z) + (I - P)\\tilde z",
                       "", hyp)
-    contraction = Contraction(
-        "Π_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\prod_l (\\alpha L_l + 1 - \\alpha)",
-        lambda env, ls=lips, a=a: _prod([a * lc.value(env) + 1 - a for lc in ls]),
-    )
+    if form == "composition":
+        contraction = Contraction(
+            "Π_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\prod_l (\\alpha L_l + 1 - \\alpha)",
+            lambda env, ls=lips, a=a: _prod([a * lc.value(env) + 1 - a for lc in ls]),
+        )
+    else:
+        # one application of the multi-block T updates every block from its predecessor, so
+        # Lip(T) (stacked Euclidean norm) is the largest layer constant, not their product
+        contraction = Contraction(
+            "max_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\max_l (\\alpha L_l + 1 - \\alpha)",
+            lambda env, ls=lips, a=a: max(a * lc.value(env) + 1 - a for lc in ls),
+        )
     return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes, derivation=d, claim=claim,
                         contraction=contraction,
                         info={"form": form, "alpha": a, "conditions": cond_objs,

@@ -14,7 +14,7 @@ from convex_eq.terms.base import Term
 from ..derived import DerivedLayer
 from ..nodes import Combo, GradSum, Prox, Var
 from ..trace import Contraction, Derivation, Step
-from .common import certificate, claim_from_certificate, sum_lip_text
+from .common import certificate, claim_from_certificate, proxable, sum_lip_text
 
 
 @dataclass
@@ -28,7 +28,7 @@ def match(obj: Any) -> FBMatch | None:
         return None
     nonsmooth = [t for t in obj.terms if not t.smooth]
     smooth = [t for t in obj.terms if t.smooth]
-    if len(nonsmooth) != 1 or not nonsmooth[0].has_prox or not smooth:
+    if len(nonsmooth) != 1 or not proxable(nonsmooth[0]) or not smooth:
         return None
     return FBMatch(nonsmooth[0], smooth)
 

@@ -24,6 +24,28 @@ def match(obj: Any) -> MoreauEnvelope | None:
     return None
 
 
+def _no_prox(phi: Objective, t: float) -> str:
+    """Why ``Objective.prox`` cannot evaluate ``prox_{t·φ}`` ("" if it can): it handles one
+    prox-able term (positive coefficient) plus ``a/2||z||²`` with ``1 + t·a > 0`` and linear
+    terms.  Checked here so that ``lower`` refuses instead of deriving a ``T`` that raises."""
+    from convex_eq.terms.quadratic import Linear, SqNorm
+
+    from .common import proxable
+
+    s = phi.states[0]
+    a, g = 0.0, []
+    for term in phi.terms:
+        if isinstance(term, SqNorm) and term.prox_state is s:
+            a += term.coef(None)
+        elif not (isinstance(term, Linear) and term.args[1].is_state(s)):
+            g.append(term)
+    if 1 + t * a <= 0:
+        return f"quadratic coefficient {a:g} ≤ -1/(μ+λ) = {-1 / t:g}"
+    if len(g) > 1 or (g and not proxable(g[0])):
+        return ", ".join(f"'{x}'" for x in g) + " is not a single prox-able term"
+    return ""
+
+
 def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., DerivedLayer]
           ) -> DerivedLayer:
     lam = env_term.coef(None)
@@ -41,8 +63,12 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
         exact = inner.is_prox
     else:
         inner = None
-        if not env_term.inner.terms or len(env_term.inner.terms) > 3:
-            raise LoweringError("no prox_{(μ+λ)φ} for this inner objective", term=str(env_term))
+        why = _no_prox(env_term.inner, t_sum)
+        if why:
+            raise LoweringError(f"no prox_{{(μ+λ)φ}} for this inner objective: {why}",
+                                term=str(env_term),
+                                hint="use μ + λ = 1 (skip rule on a lowerable φ), or φ = one "
+                                "prox-able term plus squared-norm and linear terms")
         base = Prox(env_term.inner, Var(z), t_sum)
         exact = True
     a = lam / t_sum

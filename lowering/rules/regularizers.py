@@ -16,7 +16,7 @@ from convex_eq.terms.moreau import MoreauEnvelope
 from ..derived import DerivedLayer
 from ..nodes import Combo, GradSum, Prox, Substitute, Var
 from ..trace import Claim, Contraction, Step
-from .common import certificate
+from .common import certificate, proxable
 
 VARIANTS = ("auto", "prox", "gradient")
 
@@ -38,10 +38,11 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
             raise LoweringError("regularizer must act on the layer state only", term=str(r))
     prox_regs, grad_regs = [], []
     for r in regs:
-        use_prox = r.has_prox and variant in ("auto", "prox")
-        if variant == "prox" and not r.has_prox:
+        use_prox = proxable(r) and variant in ("auto", "prox")
+        if variant == "prox" and not proxable(r):
             raise LoweringError(
-                "prox variant requested but the term has no closed-form prox", term=str(r),
+                "prox variant requested but the term has no closed-form prox (or a non-positive "
+                "coefficient)", term=str(r),
                 hint="use variant='gradient' (needs a smooth term) or a term with a prox",
             )
         if use_prox:

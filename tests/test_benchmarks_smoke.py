@@ -1,0 +1,131 @@
+"""Smoke test of ``convex-eq bench --quick``: outputs written and well-formed (no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("cvxpylayers")
+pytest.importorskip("torchdeq")
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.run import CASES, add_parser, build_parser, main  # noqa: E402
+
+REQUIRED = {
+    "qp": ("module", "hand", "cvxpylayers"),
+    "solvers": ("plain", "anderson", "broyden", "torchdeq-anderson"),
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """One ``--quick`` run (single thread: immune to OpenMP stalls on a busy 2-core machine)."""
+    out = tmp_path_factory.mktemp("bench")
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["--quick", "--threads", "1", "--out", str(out), "--quiet"])
+    finally:
+        torch.set_num_threads(threads)
+    return rc, out
+
+
+def _finite_or_none(x: Any) -> bool:
+    return x is None or (isinstance(x, (int, float)) and (not isinstance(x, float)
+                                                          or math.isfinite(x)))
+
+
+def test_quick_run_succeeds(quick_run: tuple[int, Path]) -> None:
+    rc, out = quick_run
+    data = json.loads((out / "bench.json").read_text())
+    errors = {k: data[k] for k in data if k.endswith("_error")}
+    assert rc == 0, errors
+    assert not errors
+
+
+def test_json_is_complete(quick_run: tuple[int, Path]) -> None:
+    _, out = quick_run
+    data = json.loads((out / "bench.json").read_text())  # strict JSON: NaN would be rejected
+    for case in CASES:
+        assert case in data, case
+    info = data["machine"]
+    for key in ("date", "versions", "torch_threads", "cpu_count", "calibration"):
+        assert key in info
+    assert info["versions"]["torch"] and info["versions"]["cvxpy"]
+    rows = data["qp"]["rows"]
+    assert rows and all(r["batch"] in data["config"]["batches"] for r in rows)
+    for r in rows:
+        for method in REQUIRED["qp"]:
+            m = r[method]
+            assert len(m["fwd_times"]) >= 1 and len(m["fwdbwd_times"]) >= 1
+            assert all(t > 0 for t in m["fwd_times"] + m["fwdbwd_times"])
+            assert m["z_err"] < 1e-3 and m["grad_err"] < 1e-3
+        assert r["module"]["converged"] and r["ref_kkt_failures"] == 0
+        assert r["speedup_fwdbwd"] > 0 and r["overhead_fwdbwd"] > 0
+    solvers = {r["solver"] for r in data["solvers"]["rows"]}
+    assert set(REQUIRED["solvers"]) <= solvers
+    assert data["solvers"]["deq"]
+    assert {r["model"] for r in data["cost"]["rows"]} >= {"opteq (canonical)", "mopteq"}
+    assert all("lower_s" in r for r in data["cost"]["rows"])
+    mem = {r["method"]: r for r in data["memory"]["rows"]}
+    assert "implicit" in mem and any(k.startswith("unroll") for k in mem)
+    assert all(r["graph_bytes"] > 0 and r["peak_bytes"] > 0 for r in mem.values())
+    assert len(data["targets"]) == 5
+    for t in data["targets"]:
+        assert t["met"] in (True, False, None)
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, (int, float)):
+            assert _finite_or_none(x)
+
+    walk(data)
+
+
+def test_markdown_tables(quick_run: tuple[int, Path]) -> None:
+    _, out = quick_run
+    md = (out / "bench.md").read_text()
+    for title in ("## Targets", "## 1. OptEq hidden QP", "## 2. Overhead", "## 3. Solvers",
+                  "## 4. Lowering and verify cost", "## 5. Memory"):
+        assert title in md
+    lines = md.splitlines()
+    pipe = re.compile(r"(?<!\\)\|")
+    tables = 0
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            ncol = len(pipe.findall(lines[i]))
+            j = i + 2
+            assert j < len(lines) and lines[j].startswith("|"), "table without rows"
+            while j < len(lines) and lines[j].startswith("|"):
+                assert len(pipe.findall(lines[j])) == ncol, lines[j]
+                j += 1
+            tables += 1
+            i = j
+        else:
+            i += 1
+    assert tables >= 6
+
+
+def test_subcommand_parser() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="convex-eq")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = p.parse_args(["bench", "--quick", "--out", "x", "--only", "qp"])
+    assert args.quick and args.out == "x" and args.only == ["qp"] and callable(args.func)
+    assert build_parser().parse_args([]).threads == 2

@@ -1,0 +1,113 @@
+"""The theorems of MATH.md as executable properties (one function per statement).
+
+Each property is a plain function ``prop(case) -> dict`` of an instance built by
+:mod:`verify.properties.strategies` (hypothesis strategies, or the public builders for fixed
+examples).  It raises ``AssertionError`` (with the theorem's name and the measured quantity) when
+the statement fails on that instance, returns the measured quantities otherwise, and raises
+:class:`ReferenceFailure` when its reference (a CVXPY solve, an equilibrium solve) is not
+accurate — an inaccurate reference is never compared as if solved.
+
+Use with hypothesis::
+
+    from hypothesis import given
+    from verify.properties import strategies as S, theorem1_firm_nonexpansive
+
+    @given(S.opteq_cases())
+    def test_thm1(case):
+        theorem1_firm_nonexpansive(case)
+
+:data:`PROPERTIES` lists every property with its strategy and MATH.md section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import strategies
+from ._common import ReferenceFailure
+from .converter import lemma12_converter
+from .deep import corollary1_cvxpy, lemma3_theorem2_multiblock, theorem3_wide_limit
+from .geq import geq_prop3_lipschitz, geq_stationary
+from .mopteq import mopteq_prop1_stationary, mopteq_prop2_perturbation_bound
+from .moreau import moreau_edit_keeps_fixed_points
+from .regularizers import theorem4_gradient_variant, theorem4_prox_variant
+from .sam import theorem5_sam
+from .theorem1 import lemma5_prox_characterization, theorem1_firm_nonexpansive, theorem1_jacobian
+
+
+@dataclass(frozen=True)
+class Property:
+    """A theorem property: the function, the strategy of its assumptions, where it is stated."""
+
+    name: str
+    check: Callable[[Any], dict[str, float]]
+    strategy: Callable[[], Any]
+    statement: str
+    section: str
+
+
+S = strategies
+PROPERTIES: tuple[Property, ...] = (
+    Property("theorem1_firm_nonexpansive", theorem1_firm_nonexpansive,
+             lambda: S.opteq_cases(mu=(1.0, 3.0)), "Theorem 1: T = prox_φ is firmly nonexpansive",
+             "MATH §2"),
+    Property("theorem1_jacobian", theorem1_jacobian, lambda: S.opteq_cases(mu=(1.0, 3.0)),
+             "Theorem 1: ∂T/∂z symmetric with spectrum in [0, 1]", "MATH §2"),
+    Property("lemma5_prox_characterization", lemma5_prox_characterization,
+             lambda: S.opteq_cases(wide=False, mu=(1.0, 3.0), min_ratio=0.05),
+             "Lemma 5: prox of convex φ ⇔ gradient of convex ψ and nonexpansive",
+             "NeurIPS OptEq App. E.1"),
+    Property("moreau_edit_keeps_fixed_points", moreau_edit_keeps_fixed_points, S.moreau_cases,
+             "φ → αM_φ^(1−α): skip connection, same fixed points", "MATH §4 row 1"),
+    Property("theorem4_gradient_variant", theorem4_gradient_variant,
+             lambda: S.regularized_cases("sq"),
+             "Theorem 4 (gradient): equilibrium = argmin φ + γR", "MATH §4 row 3"),
+    Property("theorem4_prox_variant_sq", theorem4_prox_variant, lambda: S.regularized_cases("sq"),
+             "Theorem 4 (prox, R = ½||z||²): argmin φ + M^1_γR, not φ + γR", "MATH §4 row 4"),
+    Property("theorem4_prox_variant_l1", theorem4_prox_variant, lambda: S.regularized_cases("l1"),
+             "Theorem 4 (prox, R = ||z||₁): argmin φ + M^1_γR, not φ + γR", "MATH §4 row 4"),
+    Property("lemma3_theorem2_multiblock", lemma3_theorem2_multiblock, S.deep_cases,
+             "Lemma 3 / Theorem 2: composition ↔ multi-block, monotone inclusion", "MATH §5"),
+    Property("corollary1_cvxpy", corollary1_cvxpy,
+             lambda: S.deep_cases(L=(2, 2), acts=S.DCP_ACTIVATIONS),
+             "Corollary 1: L = 2 equilibrium = CVXPY minimizer", "MATH §5"),
+    Property("theorem3_wide_limit", theorem3_wide_limit, lambda: S.deep_cases(L=(2, 3)),
+             "Theorem 3: α → 0 tends to the wide solution", "MATH §5"),
+    Property("theorem5_sam", theorem5_sam, S.sam_cases,
+             "Theorem 5: SAM converges to argmin_{Fix T} R", "MATH §6"),
+    Property("lemma12_converter", lemma12_converter, S.mlp_cases,
+             "Lemma 1/2: feed-forward network = prox layers, output unchanged", "MATH §5"),
+    Property("mopteq_prop1_stationary", mopteq_prop1_stationary, S.mopteq_cases,
+             "MOptEq Prop. 1: equilibrium is a stationary point of G", "MATH §3 row 4"),
+    Property("mopteq_prop2_perturbation_bound", mopteq_prop2_perturbation_bound,
+             S.perturbation_cases, "MOptEq Prop. 2: perturbation bound", "MATH §7"),
+    Property("geq_stationary", geq_stationary, S.geq_cases,
+             "GEQ: equilibrium is a stationary point of G", "MATH §3 rows 2-3"),
+    Property("geq_prop3_lipschitz", geq_prop3_lipschitz, S.geq_cases,
+             "GEQ Prop. 3: measured Lipschitz ratios under the derived bounds",
+             "GEQ paper §3.4"),
+)
+
+__all__ = [
+    "PROPERTIES",
+    "Property",
+    "ReferenceFailure",
+    "corollary1_cvxpy",
+    "geq_prop3_lipschitz",
+    "geq_stationary",
+    "lemma3_theorem2_multiblock",
+    "lemma5_prox_characterization",
+    "lemma12_converter",
+    "mopteq_prop1_stationary",
+    "mopteq_prop2_perturbation_bound",
+    "moreau_edit_keeps_fixed_points",
+    "strategies",
+    "theorem1_firm_nonexpansive",
+    "theorem1_jacobian",
+    "theorem3_wide_limit",
+    "theorem4_gradient_variant",
+    "theorem4_prox_variant",
+    "theorem5_sam",
+]

@@ -1,0 +1,96 @@
+"""GEQ / KerDEQ (Gaussian-kernel equilibrium, MATH §3 rows 2-3): stationarity of the declared G
+and the Lipschitz bounds behind GEQ Proposition 3."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import convex_eq as ce
+import lowering
+
+from ._common import STAT_TOL, check, equilibrium, jacobian, stationarity_residual
+from .strategies import GEQCase
+
+#: slack for measured-vs-bound comparisons: float64 rounding of O(1) differences
+LIP_SLACK = 1e-9
+
+
+def geq_stationary(case: GEQCase) -> dict[str, float]:
+    """GEQ (MATH §3 rows 2/3): the equilibrium of ``z = σ(∇S(z))`` with the Gaussian kernel
+    ``S = (1/2γ)exp(−γ||q − Wz||²)`` (or its patch-split form) is a stationary point of the
+    declared ``G = Σf_σ(z) + ½||z||² − S(z)``: canonical residual (``∇S`` by autograd of the
+    declared kernel's value) ``≤ STAT_TOL``; the claim is "stationary point", never
+    "minimizer" (Must-show 2)."""
+    d = lowering.lower(case.objective)
+    check(d.claim.kind == "stationary point",
+          f"GEQ: claim must be 'stationary point', got {d.claim.kind}")
+    inp = {"x": case.x}
+    Z, _, res = equilibrium(d, inp)
+    r = stationarity_residual(case.objective, Z, inp)
+    check(r <= STAT_TOL, f"GEQ: equilibrium is not a stationary point of G (residual {r:.3e})")
+    return {"stationarity_residual": r, "fixed_point_residual": res}
+
+
+def _opnorm(t: torch.Tensor) -> float:
+    return float(np.linalg.norm(t.detach().cpu().numpy(), 2))
+
+
+def input_lipschitz_bound(case: GEQCase) -> float:
+    """``Lip_x T ≤ L_σ·||W||₂·||U||₂`` (``·||W_h||₂²`` for the patch kernel): the map
+    ``r ↦ e^{−γ||r||²} r`` has Jacobian ``e^{−γ||r||²}(I − 2γ r rᵀ)`` of norm
+    ``max(1, |1 − 2t|)e^{−t} ≤ 1`` (``t = γ||r||²``); ``q = Ux + b``."""
+    obj = case.objective
+    act = ce.get_activation(case.activation)
+    lx = act.lipschitz * _opnorm(obj.symbol("W").value) * _opnorm(obj.symbol("U").value)
+    if case.patch:
+        lx *= _opnorm(obj.symbol("W_h").value) ** 2
+    return lx
+
+
+def geq_prop3_lipschitz(case: GEQCase) -> dict[str, float]:
+    """GEQ Proposition 3 (GEQ paper §3.4; bound re-derived as MATH asks):
+
+    * the state-Lipschitz bound of the derivation, ``c = contraction.value() =
+      L_σ||W||₂²(·||W_h||₂²)``, dominates every measured ratio ``||T(a) − T(b)||/||a − b||``
+      (probe pairs and near-pairs) and the Jacobian norm ``||∂T/∂z||₂`` at the probes;
+    * with ``c < 1`` the equilibria are Lipschitz in the input:
+      ``||z*(x₁) − z*(x₂)|| ≤ Lip_x/(1 − c)·||x₁ − x₂||`` (``Lip_x`` from
+      :func:`input_lipschitz_bound`), the structure of Prop. 3's ``L_geq``.
+
+    Slack ``LIP_SLACK`` (rounding)."""
+    d = lowering.lower(case.objective)
+    c = d.contraction.value()
+    z = d.blocks[0].name
+
+    def T(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return d.apply({z: v, "x": x})[z]
+
+    worst = 0.0
+    a, b = case.z, case.z2
+    for bb in (b, a + 1e-3 * (b - a)):
+        num = torch.linalg.vector_norm(T(a, case.x) - T(bb, case.x), dim=-1)
+        den = torch.linalg.vector_norm(a - bb, dim=-1)
+        ok = den > 0
+        if bool(ok.any()):
+            worst = max(worst, float((num[ok] / den[ok]).max()))
+    for i in range(a.shape[0]):
+        J = jacobian(lambda v, i=i: T(v, case.x[i:i + 1]), a[i].clone())
+        worst = max(worst, float(torch.linalg.matrix_norm(J, 2)))
+    check(worst <= c * (1 + LIP_SLACK) + LIP_SLACK,
+          f"GEQ Prop. 3: measured Lipschitz ratio {worst:.6g} exceeds the derived bound {c:.6g}")
+    out = {"state_ratio": worst, "state_bound": c}
+    if c < 1:
+        lx = input_lipschitz_bound(case)
+        Z1, _, _ = equilibrium(d, {"x": case.x})
+        Z2, _, _ = equilibrium(d, {"x": case.x2})
+        num = torch.linalg.vector_norm(Z1[z] - Z2[z], dim=-1)
+        den = torch.linalg.vector_norm(case.x - case.x2, dim=-1)
+        bound = lx / (1 - c)
+        ok = den > 0
+        ratio = float((num[ok] / den[ok]).max()) if bool(ok.any()) else 0.0
+        check(ratio <= bound * (1 + 1e-6) + LIP_SLACK,
+              f"GEQ Prop. 3: equilibrium input-Lipschitz ratio {ratio:.6g} > Lip_x/(1 − c) = "
+              f"{bound:.6g}")
+        out.update(input_ratio=ratio, input_bound=bound)
+    return out
