@@ -22,7 +22,8 @@ class CvxpyLayerModule(nn.Module):
     module; ``return_stats`` is not available)."""
 
     def __init__(self, derived: DerivedLayer, *, solver_args: dict | None = None,
-                 dtype: torch.dtype = torch.float64, **unknown: Any):
+                 dtype: torch.dtype = torch.float64, weights: dict | None = None,
+                 **unknown: Any):
         super().__init__()
         if unknown:
             raise OptionError(f"unknown option(s) for backend='cvxpylayers': {sorted(unknown)}",
@@ -36,7 +37,9 @@ class CvxpyLayerModule(nn.Module):
         self.inputs = [s for s in obj.inputs]
         zeros = {s.name: np.zeros(s.size) for s in self.inputs}
         names = tuple(s.name for s in self.inputs)
-        self.exported = obj.to_cvxpy(parameters=names, **zeros)
+        # weights (e.g. a trained module's ``env()``) become constants of the conic program
+        w = {k: torch.as_tensor(v).detach().double() for k, v in (weights or {}).items()}
+        self.exported = obj.to_cvxpy(parameters=names, **zeros, **w)
         if not self.exported.problem.is_dpp():
             raise ExportError("exported problem is not DPP", term="cvxpylayers")
         params = [self.exported.parameters[n] for n in names]

@@ -91,6 +91,8 @@ class EquilibriumModule(nn.Module):
                               term="torch_module")
         self.weight_control = WeightControl(derived, weight_control, margin, weight_bounds) \
             if weight_control is not None else None
+        if self.weight_control is not None:
+            self.weight_control.register(self, dtype)
         self.last_stats: SolverStats | None = None
 
     # ------------------------------------------------------------------ env & shapes

@@ -53,19 +53,25 @@ class WeightControl:
             raise OptionError("weight control requested but the certificate has no "
                               "||W||₂ ≤ bound condition", term="torch_module",
                               hint="name the weights to control: weight_bounds={'W': 1.0}")
-        self._vecs: dict[str, torch.Tensor] = {}
 
-    def _power(self, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
-        self._update_vector(op, name, env, iters)
-        return op.apply(self._vecs[name], env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
+    def register(self, module: Any, dtype: torch.dtype) -> None:
+        """Create the power-iteration vectors as buffers of ``module`` (saved in ``state_dict``
+        so that a reloaded module reproduces the controlled weights bit for bit)."""
+        for op, name, _ in self.targets:
+            g = torch.Generator().manual_seed(0)
+            v = torch.randn(1, op.in_size, generator=g, dtype=torch.float64).to(dtype)
+            module.register_buffer(f"wc_v_{name}", v / v.norm())
+
+    def _power(self, module: Any, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
+        self._update_vector(module, op, name, env, iters)
+        v = getattr(module, f"wc_v_{name}")
+        return op.apply(v, env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
 
     @torch.compiler.disable
-    def _update_vector(self, op: Any, name: str, env: dict, iters: int) -> None:
+    def _update_vector(self, module: Any, op: Any, name: str, env: dict, iters: int) -> None:
         w = env[name]
-        v = self._vecs.get(name)
-        if v is None or v.dtype != w.dtype or v.device != w.device:
-            g = torch.Generator().manual_seed(0)
-            v = torch.randn(1, op.in_size, generator=g, dtype=torch.float64).to(w)
+        buf = getattr(module, f"wc_v_{name}")
+        v = buf.to(w) if (buf.dtype != w.dtype or buf.device != w.device) else buf
         with torch.no_grad():
             detached = {**env, name: w.detach()}
             prev = 0.0
@@ -76,19 +82,19 @@ class WeightControl:
                 if abs(un - prev) <= 1e-5 * un:
                     break
                 prev = un
-        self._vecs[name] = v
+            buf.copy_(v.to(buf))
 
     def __call__(self, module: Any, env: dict) -> dict:
         env = dict(env)
         for op, name, target in self.targets:
             if self.mode == "project":
                 with torch.no_grad():
-                    sig = self._power(op, name, env, 30)
+                    sig = self._power(module, op, name, env, 30)
                     if sig > target:
                         module.weights[name].mul_(target / sig)
                 env[name] = module.weights[name]
             else:
-                sig = self._power(op, name, env, 50)
+                sig = self._power(module, op, name, env, 50)
                 env[name] = env[name] * torch.clamp(target / sig, max=1.0)
         return env
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -12,11 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # torch.multiprocessing pickles functions by module name
-    spec.loader.exec_module(mod)
-    return mod
+    """Import an example by module name (spawned DDP workers re-import it from sys.path)."""
+    path = str(ROOT / "examples")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
 
 
 def test_design_new_architecture() -> None:

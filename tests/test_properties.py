@@ -279,7 +279,7 @@ def test_theorem3_deep_tends_to_wide_as_alpha_to_0(case: S.DeepCase) -> None:
 
 
 def _wrong_alpha(parts: list) -> Combo:
-    (a, node), (b, var) = parts
+    (a, node), (_, var) = parts
     return Combo([(0.5 * a, node), (1 - 0.5 * a, var)])  # α/2 used instead of the declared α
 
 

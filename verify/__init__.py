@@ -6,9 +6,22 @@ non-convex objectives (labelled "stationary point" / "local minimizer", never "m
 and returns a ``Report``.  ``verify.properties`` ships the theorems as hypothesis properties.
 """
 
-from .check import check
+from .check import CertificateAt, certificate_at, check
 from .families import convex_families, markdown_table, nonconvex_families, run_family
-from .report import Report, Tolerances
+from .gradients import gradient_check
+from .references import envelope_gradient, inclusion_residuals, wide_solution
+from .report import (
+    EquilibriumInfo,
+    GradientReport,
+    ReferenceInfo,
+    Report,
+    SampleResult,
+    Tolerances,
+)
 
-__all__ = ["Report", "Tolerances", "check", "convex_families", "markdown_table",
-           "nonconvex_families", "run_family"]
+__all__ = [
+    "CertificateAt", "EquilibriumInfo", "GradientReport", "ReferenceInfo", "Report",
+    "SampleResult", "Tolerances", "certificate_at", "check", "convex_families",
+    "envelope_gradient", "gradient_check", "inclusion_residuals", "markdown_table",
+    "nonconvex_families", "run_family", "wide_solution",
+]

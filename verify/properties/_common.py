@@ -60,7 +60,8 @@ def check(cond: bool, msg: str) -> None:
 
 
 def stacked_operator(derived: Any, inputs: Mapping[str, torch.Tensor],
-                     env: Mapping[str, Any] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+                     env: Mapping[str, Any] | None = None
+                     ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``z ↦ T(z, x)`` on the flat stacked state ``(B, N)`` of a derived layer."""
 
     def f(z: torch.Tensor) -> torch.Tensor:

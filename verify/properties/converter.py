@@ -66,7 +66,8 @@ def lemma12_converter(case: MLPCase) -> dict[str, float]:
         check(e <= FACTOR_TOL, f"Lemma 1: u_{k} ≠ W̄_{k}ᵀ x_{k} ({e:.3e})")
     for k, obj in enumerate(net.objectives):
         d = lowering.lower(obj)
-        check(d.is_prox, f"Lemma 1: layer {k} does not lower to a prox (rule {d.derivation.rules()})")
+        check(d.is_prox,
+              f"Lemma 1: layer {k} does not lower to a prox (rules {d.derivation.rules()})")
         wbar = net.factors[k + 1]
         lip = ce.get_activation(case.activation).lipschitz if k < len(lins) - 1 else 1.0
         need = lip * float(np.linalg.norm(wbar, 2)) ** 2

@@ -39,8 +39,8 @@ def moreau_edit_keeps_fixed_points(case: OptEqCase) -> dict[str, float]:
     scale = (1 + case.z.norm(dim=-1) + case.z2.norm(dim=-1)) * dz.norm(dim=-1)
     check(bool((lhs <= rhs + ROUND * scale).all()),
           "Moreau edit: α T + (1−α) id is not firmly nonexpansive")
-    zb, zs, _ = equilibrium(base, inp)
-    za, zsa, _ = equilibrium(edit, inp)
+    zb, _, _ = equilibrium(base, inp)
+    za, _, _ = equilibrium(edit, inp)
     cross_a = rel_err(edit.apply({z: zb[z], **inp})[z], zb[z])
     cross_b = rel_err(base.apply({z: za[z], **inp})[z], za[z])
     tol = 1e3 * FP_TOL

@@ -3,6 +3,8 @@ equilibria."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -42,7 +44,10 @@ def theorem5_sam(case: SAMCase, rho: float = 0.1, c: float = 0.44,
     derived = lowering.lower(case.objective)
     mod = derived.torch_module(sam=cfg, dtype=T64, on_nonconvergence="warn")
     x = torch.zeros(1, 1, dtype=T64)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # the module's own relative-residual test (||T(z) − z||/||T(z)||) is ill-conditioned
+        # when argmin_(Fix T) R ≈ 0; this property judges the result itself, below
+        warnings.simplefilter("ignore", ce.ConvergenceWarning)
         zs = mod(x)[0]
         tz = derived.apply({z.name: zs[None], "x": x})[z.name][0]
     ref = torch.as_tensor(sam_reference(case), dtype=T64)

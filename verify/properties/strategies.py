@@ -150,7 +150,8 @@ def opteq_case(W: np.ndarray, U: np.ndarray, b: np.ndarray, x: np.ndarray, z: np
 
 @st.composite
 def opteq_cases(draw: Any, form: str = "conjugate", acts: tuple[str, ...] = ACTIVATIONS,
-                n: tuple[int, int] = (2, 7), m: tuple[int, int] = (1, 7), d: tuple[int, int] = (1, 4),
+                n: tuple[int, int] = (2, 7), m: tuple[int, int] = (1, 7),
+                d: tuple[int, int] = (1, 4),
                 batch: tuple[int, int] = (1, 3), norm: tuple[float, float] = (0.1, 0.95),
                 mu: tuple[float, float] = (1.0, 1.0), wide: bool = True,
                 u_norm: float | None = None, min_ratio: float = 0.0) -> OptEqCase:

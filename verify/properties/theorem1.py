@@ -59,7 +59,7 @@ def theorem1_jacobian(case: OptEqCase) -> dict[str, float]:
     one-sided derivative at kinks is still in ``[0, L_σ]``, so the claim holds there too).
 
     Tolerances: symmetry ``ROUND·max(1, ||J||)``, spectrum ``[−ROUND, 1 + ROUND]``."""
-    d, T = _layer(case)
+    _, T = _layer(case)
     eig_min, eig_max, asym = float("inf"), -float("inf"), 0.0
     for i in range(case.z.shape[0]):
         x = case.x[i:i + 1]
@@ -93,7 +93,7 @@ def lemma5_prox_characterization(case: OptEqCase) -> dict[str, float]:
 
     Needs ``m ≤ n`` (``Wᵀ`` injective) so that ``φ`` has the closed-form value the toolkit
     evaluates.  Tolerance ``ROUND·(1 + |values|)``."""
-    d, T = _layer(case)
+    _, T = _layer(case)
     obj = case.objective
     conj = next(t for t in obj.terms if type(t).__name__ == "SeparableAffineConjugate")
     psi = conj.primal()
@@ -117,7 +117,8 @@ def lemma5_prox_characterization(case: OptEqCase) -> dict[str, float]:
     fv = T(v).detach()
     ratio = (torch.linalg.vector_norm(fu - fv, dim=-1)
              / torch.linalg.vector_norm(case.z - v, dim=-1).clamp_min(1e-300))
-    check(bool((ratio <= 1 + ROUND).all()), f"Lemma 5 (b): f expansive (ratio {float(ratio.max()):.6g})")
+    check(bool((ratio <= 1 + ROUND).all()),
+          f"Lemma 5 (b): f expansive (ratio {float(ratio.max()):.6g})")
     # (i) prox optimality of f(x) against competitors in dom φ
     fx = fu
     worst = -float("inf")

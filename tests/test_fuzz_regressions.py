@@ -1,0 +1,234 @@
+"""Regression tests for the bugs the fuzzing of issue 7 found (one test per fix; each test fails
+on the code before the fix)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import convex_eq as ce
+import lowering
+from convex_eq import (
+    L1,
+    Antiderivative,
+    AntiderivativeConjugate,
+    DeepComposition,
+    Input,
+    Linear,
+    Objective,
+    Potential,
+    SqNorm,
+    State,
+    Weight,
+    models,
+    moreau,
+)
+from convex_eq.operators import Dense
+
+T64 = torch.float64
+
+
+def _theorem1(n: int = 3, act: str = "relu", w: np.ndarray | None = None, name: str = "z",
+              seed: int = 0) -> tuple[Objective, State, Input]:
+    rng = np.random.default_rng(seed)
+    z, x = State(name, n), Input("x", 2)
+    W = Weight(f"W_{name}", (n, n), 0.6 * np.eye(n) if w is None else w)
+    U = Weight(f"U_{name}", (n, 2), rng.standard_normal((n, 2)))
+    psi = Antiderivative(act, Dense(W) @ z + Dense(U) @ x)
+    return Objective([psi.conjugate(), -SqNorm(z)], name="phi"), z, x
+
+
+# ----------------------------------------------------------------- lowering/rules/deep.py
+def test_multiblock_contraction_is_the_largest_layer_constant_not_the_product() -> None:
+    """One application of the multi-block T moves each block through one layer, so its
+    Lipschitz constant is max_l Lip(f_l); the product (valid for the L-fold composition) was
+    reported and is violated."""
+    x = Input("x", 2)
+    layers = []
+    for i, s in enumerate((0.9, 0.3)):
+        z = State(f"z{i}", 2)
+        psi = Antiderivative("identity", Dense(Weight(f"W{i}", (2, 2), s * np.eye(2))) @ z
+                             + Dense(Weight(f"U{i}", (2, 2), np.eye(2))) @ x)
+        layers.append(Objective([psi.conjugate(), -SqNorm(z)]))
+    d = lowering.lower(DeepComposition(layers, 1.0), deep_form="multiblock")
+    c = d.contraction.value()
+    assert c == pytest.approx(0.81)  # max(0.9², 0.3²), not 0.9²·0.3² = 0.0729
+    xv = torch.zeros(1, 2, dtype=T64)
+    z = {"z0": torch.zeros(1, 2, dtype=T64), "z1": torch.zeros(1, 2, dtype=T64), "x": xv}
+    z2 = {**z, "z1": torch.ones(1, 2, dtype=T64)}  # z1 is the input block of f_1
+    t1, t2 = d.apply(z), d.apply(z2)
+    num = torch.cat([t1[k] - t2[k] for k in ("z0", "z1")], 1).norm()
+    den = torch.cat([z[k] - z2[k] for k in ("z0", "z1")], 1).norm()
+    assert float(num / den) <= c + 1e-12
+    assert float(num / den) > 0.0729  # the old (product) bound was not a Lipschitz bound
+    comp = lowering.lower(DeepComposition(layers, 1.0), deep_form="composition")
+    assert comp.contraction.value() == pytest.approx(0.81 * 0.09)  # composition: product
+
+
+# ----------------------------------------------------------------- lowering/rules/moreau_skip.py
+def test_moreau_general_rule_refuses_an_inner_objective_without_closed_form_prox() -> None:
+    """μ + λ ≠ 1 needs prox_{(μ+λ)φ} in closed form; for φ = ψ* − ½||·||² ``lower`` used to
+    derive a layer whose T raised LoweringError on every evaluation."""
+    phi, z, _x = _theorem1()
+    with pytest.raises(ce.LoweringError, match="no prox_") as err:
+        lowering.lower(Objective([moreau(phi, 0.3) * 0.5]))
+    assert "M^0.3" in str(err.value)
+    # a prox-able inner objective still lowers, and T evaluates
+    ok = Objective([moreau(Objective([L1(z) * 0.5, SqNorm(z) * -0.2]), 0.3) * 0.5])
+    d = lowering.lower(ok)
+    assert torch.isfinite(d.apply({"z": torch.randn(2, 3, dtype=T64)})["z"]).all()
+    too_concave = Objective([moreau(Objective([L1(z), SqNorm(z) * -2.0]), 0.3) * 0.5])
+    with pytest.raises(ce.LoweringError, match="quadratic coefficient"):
+        lowering.lower(too_concave)
+
+
+# ----------------------------------------------------------------- lowering/rules/common.proxable
+@pytest.mark.parametrize("neg", ["l1", "potential"])
+def test_negative_multiple_of_a_proxable_term_is_not_lowered_as_a_prox_step(neg: str) -> None:
+    """−||z||₁ or −Σf_σ(z) as the 'prox-able' term of the forward–backward rule: ``Term.prox``
+    refuses a negative coefficient, so the derived T raised ScaleError on every evaluation."""
+    z = State("z", 3)
+    t = L1(z) * -1.0 if neg == "l1" else Potential("tanh", z) * -1.0
+    obj = Objective([t, SqNorm(Dense(Weight("W", (3, 3), 0.5 * np.eye(3))) @ z)])
+    with pytest.raises(ce.LoweringError) as err:
+        lowering.lower(obj)
+    assert str(obj) in str(err.value)
+
+
+def test_negative_l1_in_canonical_form_is_not_an_extra_prox() -> None:
+    z = State("z", 3)
+    obj = Objective([Potential("relu", z), SqNorm(z), L1(z) * -0.1,
+                     SqNorm(Dense(Weight("W", (3, 3), 0.5 * np.eye(3))) @ z) * -1.0])
+    with pytest.raises(ce.LoweringError):
+        lowering.lower(obj)
+
+
+def test_negative_smooth_regularizer_uses_the_gradient_step() -> None:
+    """φ − 0.1·½||z||²: the auto variant picked the prox step of a negative multiple (T raised
+    ScaleError); it is smooth, so the gradient variant applies: T(z) = prox_φ(1.1 z)."""
+    phi, z, x = _theorem1()
+    d = lowering.lower(phi + SqNorm(z) * -0.1)
+    assert d.info["variant"] == "gradient"
+    zv, xv = torch.randn(4, 3, dtype=T64), torch.randn(4, 2, dtype=T64)
+    w, u = phi.symbol("W_z").value, phi.symbol("U_z").value
+    ref = torch.relu(1.1 * zv @ w.T + xv @ u.T) @ w
+    torch.testing.assert_close(d.apply({"z": zv, "x": xv})["z"], ref, rtol=1e-12, atol=1e-12)
+    env = moreau(L1(z) * 0.5, 1.0) * -0.1  # a negative envelope: gradient step as well
+    d2 = lowering.lower(phi + env)
+    assert torch.isfinite(d2.apply({"z": zv, "x": xv})["z"]).all()
+    with pytest.raises(ce.LoweringError, match="non-positive"):
+        lowering.lower(phi + SqNorm(z) * -0.1, regularizer="prox")
+
+
+# ----------------------------------------------------------------- convex_eq/terms/moreau.py
+@pytest.mark.parametrize("mu", [math.nan, math.inf])
+def test_moreau_envelope_refuses_a_non_finite_mu(mu: float) -> None:
+    """``μ ≤ 0`` was refused but NaN and +inf passed (``nan <= 0`` is False)."""
+    z = State("z", 2)
+    with pytest.raises(ce.ScaleError, match="μ"):
+        moreau(L1(z), mu)
+
+
+# ----------------------------------------------------------------- convex_eq/terms/potential.py
+def test_not_dcp_potential_export_names_the_term() -> None:
+    """The refusal named only the activation ('softplus'), not which term of the objective."""
+    z, z2 = State("z", 2), State("y", 2)
+    obj = Objective([Potential("relu", z2), SqNorm(z2), Potential("softplus", z), SqNorm(z)])
+    with pytest.raises(ce.NotDCPError) as err:
+        obj.to_cvxpy()
+    assert err.value.term == "Σ f_softplus(z)"
+    obj2 = Objective([AntiderivativeConjugate("softplus", z)])
+    with pytest.raises(ce.NotDCPError) as err2:
+        obj2.to_cvxpy()
+    assert "(∫softplus)*(z)" in err2.value.term
+
+
+# ----------------------------------------------------------------- convex_eq/terms/conjugate.py
+def test_not_dcp_conjugate_export_and_value_name_the_term() -> None:
+    phi = models.opteq(n=2, m=4, d=2, activation="softplus", form="conjugate")
+    conj = str(phi.terms[0])
+    with pytest.raises(ce.NotDCPError) as err:
+        phi.to_cvxpy(x=np.zeros(2))
+    assert conj in str(err.value)
+    # Mᵀ (2×4) is not injective: the value is an inner CVXPY problem, refused for softplus
+    with pytest.raises(ce.NotDCPError) as err2:
+        phi.value(z=np.zeros(2), x=np.zeros(2))
+    assert err2.value.term == conj
+
+
+# ----------------------------------------------------------------- convex_eq/export.py
+def test_export_of_a_constant_objective_has_a_solution() -> None:
+    """Σ f_identity(z) = 0: CVXPY leaves the unused variable unset although the status is
+    'optimal'; ``state_values`` raised "problem has no solution (status optimal)"."""
+    z = State("z", (1, 2, 2))
+    exp = Objective([Potential("identity", z)]).to_cvxpy()
+    assert exp.solve() == 0.0
+    assert exp.state_values()["z"].shape == (1, 2, 2)
+
+
+# ----------------------------------------------------------------- lowering/derived.py
+def test_T_with_different_batch_sizes_raises_a_shape_error() -> None:
+    """Blocks and inputs of different batch sizes hit a torch broadcasting RuntimeError."""
+    d = lowering.lower(models.opteq(n=3, m=3, d=2))
+    with pytest.raises(ce.ShapeError, match="batch sizes differ"):
+        d.T(z=np.zeros((3, 3)), x=np.zeros((2, 2)))
+    out = d.T(z=np.zeros(3), x=np.zeros((2, 2)))  # one sample broadcasts (as Objective.value)
+    assert out.shape == (2, 3)
+
+
+# ----------------------------------------------------------------- lowering/module.py
+def _module_two_inputs() -> nn.Module:
+    z, x, y = State("z", 3), Input("x", 2), Input("y", 2)
+    obj = Objective([Potential("relu", z), SqNorm(z),
+                     Linear(Dense(Weight("U", (3, 2))) @ x + Dense(Weight("V", (3, 2))) @ y, z)
+                     * -1.0, SqNorm(Dense(Weight("W", (3, 3), 0.5 * np.eye(3))) @ z) * -1.0])
+    return lowering.lower(obj).torch_module(dtype=T64)
+
+
+def test_module_inputs_with_different_batch_sizes_raise_a_shape_error() -> None:
+    m = _module_two_inputs()
+    with pytest.raises(ce.ShapeError, match="batch sizes"):
+        m({"x": torch.zeros(3, 2, dtype=T64), "y": torch.zeros(2, 2, dtype=T64)})
+
+
+@pytest.mark.parametrize("bad", ["numel", "batch", "numpy"])
+def test_module_z0_of_the_wrong_shape_raises_a_shape_error(bad: str) -> None:
+    """``z0.reshape(B, N)`` raised a torch RuntimeError (or AttributeError for numpy)."""
+    m = lowering.lower(models.opteq(n=3, m=3, d=2)).torch_module()
+    z0 = {"numel": torch.zeros(2, 4), "batch": torch.zeros(3, 2), "numpy": np.zeros((2, 3))}[bad]
+    with pytest.raises(ce.ShapeError, match="z0"):
+        m(torch.zeros(2, 2), z0=z0)
+    assert m(torch.zeros(2, 2), z0=torch.zeros(2, 3)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", ["b", "W_h", "gamma"])
+def test_module_parameter_of_the_wrong_shape_raises_naming_it(name: str) -> None:
+    """A wrongly shaped bias / patch weight / scalar put into the module surfaced as a torch
+    broadcasting or matmul RuntimeError inside T."""
+    m = lowering.lower(models.geq(n=4, p=4, d=3, patch=2, image=(1, 2, 2))).torch_module()
+    if name == "gamma":
+        m.scalar_gamma = torch.ones(2, dtype=T64)
+    else:
+        m.weights[name] = nn.Parameter(torch.zeros(*[s + 1 for s in m.weights[name].shape]))
+    with pytest.raises(ce.ShapeError) as err:
+        m(torch.randn(2, 3))
+    assert err.value.term == name
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_module_with_a_non_finite_weight_raises(value: float) -> None:
+    """An Inf weight could yield a finite output (relu(-inf) = 0) from a broken model."""
+    m = lowering.lower(models.opteq(n=3, m=3, d=2)).torch_module(dtype=T64)
+    with torch.no_grad():
+        m.weights["U"][0, 0] = value
+    x = torch.tensor([[-1.0, 0.0]], dtype=T64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ce.NonFiniteError) as err:
+            m(x)
+    assert err.value.term == "U"
