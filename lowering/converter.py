@@ -104,7 +104,10 @@ def convert(seq: nn.Sequential, m: int | None = None, seed: int = 0) -> Converte
         base = a @ np.linalg.pinv(prev.T)
         proj = np.eye(m) - np.linalg.pinv(prev) @ prev  # onto the complement of row space
         n_k = g.standard_normal((a.shape[0], m)) @ proj
-        n_k *= np.linalg.norm(base, 2) / max(np.linalg.norm(n_k, 2), 1e-12)
+        # scale the correction like the particular solution (1 if the layer is zero: A_k = 0
+        # would otherwise give W̄_(k+1) = 0 and lose full row rank)
+        scale = np.linalg.norm(base, 2) or 1.0
+        n_k *= scale / max(np.linalg.norm(n_k, 2), 1e-12)
         w_next = base + n_k
         if np.linalg.matrix_rank(w_next) < w_next.shape[0]:
             raise LoweringError(f"factor {k + 1} lost full row rank", term="convert",

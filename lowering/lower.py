@@ -11,7 +11,7 @@ from convex_eq.terms.base import Term
 
 from .derived import DerivedLayer
 from .rules import canonical, deep, forward_backward, moreau_skip, precompose, theorem1
-from .rules.common import proxable
+from .rules.common import envelope_problem, proxable
 from .rules.regularizers import apply_edits
 
 OPTIONS = {"regularizer", "deep_form", "tau"}
@@ -44,6 +44,11 @@ def lower(objective: Any, **options: Any) -> DerivedLayer:
     env_term = moreau_skip.match(objective)
     if env_term is not None:
         return moreau_skip.lower(env_term, objective, inner)
+    for t in objective.terms:  # other envelopes enter T through ∇M = (v - prox_{μφ}(v))/μ
+        why = envelope_problem(t)
+        if why:
+            raise LoweringError(why, term=str(t), hint="φ must be one prox-able term plus "
+                                "squared-norm and linear terms (with 1 + μ·a > 0)")
     m1 = theorem1.match(objective)
     if m1 is not None:
         base = theorem1.lower_base(m1, objective)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
+from fuzz.strategies import MALFORMED_KINDS, Malformed, malformed
 from hypothesis import given, note, settings
 
 import convex_eq as ce
-from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
-from fuzz.strategies import MALFORMED_KINDS, Malformed, malformed
 
 PER_KIND = max(3, settings().max_examples // 5)
 

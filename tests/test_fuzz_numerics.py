@@ -13,12 +13,12 @@ import warnings
 
 import numpy as np
 import torch
+from fuzz.modules import ModuleCase, f64_residual, inject_weights, module_cases
+from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 from hypothesis import given, note
 from hypothesis import strategies as st
 
 import convex_eq as ce
-from fuzz.modules import ModuleCase, f64_residual, inject_weights, module_cases
-from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 
 CLEAR_ERRORS = (ce.NonFiniteError, ce.ConvergenceError)
 

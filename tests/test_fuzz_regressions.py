@@ -87,6 +87,39 @@ def test_moreau_general_rule_refuses_an_inner_objective_without_closed_form_prox
         lowering.lower(too_concave)
 
 
+def test_envelope_used_through_its_gradient_needs_the_inner_prox() -> None:
+    """∇M^μ_φ = (v − prox_{μφ}(v))/μ: with φ = ||z||₁ − ½||z||² and μ ≥ 1, prox_{μφ} does not
+    exist (the envelope is −∞); ``lower`` derived a canonical layer whose T raised."""
+    z = State("z", 3)
+    env = moreau(Objective([L1(z) * 0.5, -SqNorm(z)]), 1.4) * 0.05
+    obj = Objective([Potential("relu", z), SqNorm(z), env,
+                     SqNorm(Dense(Weight("W", (3, 3), 0.5 * np.eye(3))) @ z) * -1.0])
+    with pytest.raises(ce.LoweringError, match="Moreau envelope") as err:
+        lowering.lower(obj)
+    assert err.value.term == str(env)
+    # prox variant of a regularizer edit needs prox_{(μ+λ)φ}: falls back to the gradient step
+    phi, zz, _x = _theorem1()
+    reg = moreau(Objective([L1(zz) * 0.5, SqNorm(zz) * -0.6]), 1.0) * 0.8  # μ ok, μ + λ not
+    d = lowering.lower(phi + reg)
+    assert d.info["variant"] == "gradient"
+    assert torch.isfinite(d.apply({"z": torch.randn(2, 3, dtype=T64),
+                                   "x": torch.randn(2, 2, dtype=T64)})["z"]).all()
+
+
+# ----------------------------------------------------------------- convex_eq/terms/moreau.py
+def test_envelope_gradient_lipschitz_bound_of_a_weakly_convex_inner_function() -> None:
+    """φ = 0.5||z||₁ − 0.6·½||z||², μ = 1: ∇M changes with slope a/(1 − μa) = 1.5 along large
+    |v|, but grad_lipschitz reported 1/μ = 1 (valid for convex φ only)."""
+    z = State("z", 1)
+    env = moreau(Objective([L1(z) * 0.5, SqNorm(z) * -0.6]), 1.0)
+    v = torch.tensor([[5.0], [6.0]], dtype=T64)
+    g = env.grad({"z": v})["z"]
+    slope = float((g[1] - g[0]).abs() / (v[1] - v[0]).abs())
+    assert slope == pytest.approx(1.5)
+    assert env.grad_lipschitz() >= slope - 1e-12
+    assert moreau(Objective([L1(z)]), 0.5).grad_lipschitz() == pytest.approx(2.0)  # convex: 1/μ
+
+
 # ----------------------------------------------------------------- lowering/rules/common.proxable
 @pytest.mark.parametrize("neg", ["l1", "potential"])
 def test_negative_multiple_of_a_proxable_term_is_not_lowered_as_a_prox_step(neg: str) -> None:
@@ -111,7 +144,7 @@ def test_negative_l1_in_canonical_form_is_not_an_extra_prox() -> None:
 def test_negative_smooth_regularizer_uses_the_gradient_step() -> None:
     """φ − 0.1·½||z||²: the auto variant picked the prox step of a negative multiple (T raised
     ScaleError); it is smooth, so the gradient variant applies: T(z) = prox_φ(1.1 z)."""
-    phi, z, x = _theorem1()
+    phi, z, _x = _theorem1()
     d = lowering.lower(phi + SqNorm(z) * -0.1)
     assert d.info["variant"] == "gradient"
     zv, xv = torch.randn(4, 3, dtype=T64), torch.randn(4, 2, dtype=T64)

@@ -14,13 +14,13 @@ import warnings
 
 import pytest
 import torch
+from fuzz.modules import ModuleCase, module_cases
+from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 from hypothesis import given, note
 from hypothesis import strategies as st
 from torch import nn
 
 import convex_eq as ce
-from fuzz.modules import ModuleCase, module_cases
-from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 
 
 def _run(module, x):

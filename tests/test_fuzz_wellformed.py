@@ -14,11 +14,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from hypothesis import given, note
-
 from fuzz import properties as P
 from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 from fuzz.strategies import Case, well_formed
+from hypothesis import given, note
 
 
 @given(well_formed())
@@ -45,7 +44,7 @@ def test_cvxpy_export_matches_value_or_not_dcp(case: Case) -> None:
 @given(well_formed())
 def test_verify_check_passes_or_labels_the_reason(case: Case) -> None:
     note(repr(case))
-    d, outcome = P.lower_case(case)
+    d, _outcome = P.lower_case(case)
     if d is None:
         record("verify", f"{case.family}/not-lowered")
         return

@@ -75,7 +75,18 @@ class MoreauEnvelope(Term):
         return {self.state.name: self.coef(env) * (v - p) / mu}
 
     def grad_lipschitz(self, env: Env | None = None) -> float:
-        return abs(self.coef(env)) / self.mu_value(env)
+        """``1/μ`` for a convex ``φ``; for ``φ = g + (a/2)||·||²`` with ``g`` convex and ``a < 0``
+        (weakly convex, ``1 + μa > 0``) the Jacobian of ``prox_{μφ}`` has eigenvalues in
+        ``[0, 1/(1 + μa)]``, so ``Lip(∇M) = max(1/μ, -a/(1 + μa))``."""
+        from .quadratic import SqNorm
+
+        mu = self.mu_value(env)
+        a = sum(t.coef(env) for t in self.inner.terms
+                if isinstance(t, SqNorm) and t.prox_state is self.state)
+        lip = 1.0 / mu
+        if a < 0:
+            lip = max(lip, -a / (1.0 + mu * a)) if 1.0 + mu * a > 0 else math.inf
+        return abs(self.coef(env)) * lip
 
     @property
     def has_prox(self) -> bool:

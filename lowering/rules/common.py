@@ -31,6 +31,38 @@ def proxable(t: Term) -> bool:
     return t.has_prox and t.coef(None) > 0
 
 
+def no_prox(phi: Any, t: float) -> str:
+    """Why ``Objective.prox`` cannot evaluate ``prox_{t·φ}`` ("" if it can): it handles one
+    prox-able term (positive coefficient) plus ``a/2||z||²`` with ``1 + t·a > 0`` and linear
+    terms.  Checked here so that ``lower`` refuses instead of deriving a ``T`` that raises."""
+    from convex_eq.terms.quadratic import Linear
+
+    s = phi.states[0]
+    a, g = 0.0, []
+    for term in phi.terms:
+        if isinstance(term, SqNorm) and term.prox_state is s:
+            a += term.coef(None)
+        elif not (isinstance(term, Linear) and term.args[1].is_state(s)):
+            g.append(term)
+    if 1 + t * a <= 0:
+        return f"quadratic coefficient {a:g} ≤ -1/t = {-1 / t:g} (t = {t:g})"
+    if len(g) > 1 or (g and not proxable(g[0])):
+        return ", ".join(f"'{x}'" for x in g) + " is not a single prox-able term"
+    return ""
+
+
+def envelope_problem(t: Term, extra: float = 0.0) -> str:
+    """Why the gradient (``extra = 0``: needs ``prox_{μφ}``) or the prox (``extra = λ``: needs
+    ``prox_{(μ+λ)φ}``) of a Moreau-envelope term cannot be evaluated ("" if it can, or if ``t``
+    is not an envelope)."""
+    from convex_eq.terms.moreau import MoreauEnvelope
+
+    if not isinstance(t, MoreauEnvelope):
+        return ""
+    why = no_prox(t.inner, t.mu_value(None) + extra)
+    return f"the Moreau envelope needs prox_{{μφ}} in closed form: {why}" if why else ""
+
+
 def certificate(obj: Any, env: Env | None = None) -> Certificate:
     return certify(obj, env)
 

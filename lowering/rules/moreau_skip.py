@@ -14,6 +14,7 @@ from convex_eq.terms.moreau import MoreauEnvelope
 from ..derived import DerivedLayer
 from ..nodes import Combo, Prox, Var
 from ..trace import Claim, Contraction, Step
+from .common import no_prox
 
 
 def match(obj: Any) -> MoreauEnvelope | None:
@@ -22,28 +23,6 @@ def match(obj: Any) -> MoreauEnvelope | None:
                                                                          MoreauEnvelope):
         return obj.terms[0]
     return None
-
-
-def _no_prox(phi: Objective, t: float) -> str:
-    """Why ``Objective.prox`` cannot evaluate ``prox_{t·φ}`` ("" if it can): it handles one
-    prox-able term (positive coefficient) plus ``a/2||z||²`` with ``1 + t·a > 0`` and linear
-    terms.  Checked here so that ``lower`` refuses instead of deriving a ``T`` that raises."""
-    from convex_eq.terms.quadratic import Linear, SqNorm
-
-    from .common import proxable
-
-    s = phi.states[0]
-    a, g = 0.0, []
-    for term in phi.terms:
-        if isinstance(term, SqNorm) and term.prox_state is s:
-            a += term.coef(None)
-        elif not (isinstance(term, Linear) and term.args[1].is_state(s)):
-            g.append(term)
-    if 1 + t * a <= 0:
-        return f"quadratic coefficient {a:g} ≤ -1/(μ+λ) = {-1 / t:g}"
-    if len(g) > 1 or (g and not proxable(g[0])):
-        return ", ".join(f"'{x}'" for x in g) + " is not a single prox-able term"
-    return ""
 
 
 def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., DerivedLayer]
@@ -63,7 +42,7 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
         exact = inner.is_prox
     else:
         inner = None
-        why = _no_prox(env_term.inner, t_sum)
+        why = no_prox(env_term.inner, t_sum)
         if why:
             raise LoweringError(f"no prox_{{(μ+λ)φ}} for this inner objective: {why}",
                                 term=str(env_term),

@@ -16,7 +16,7 @@ from convex_eq.terms.moreau import MoreauEnvelope
 from ..derived import DerivedLayer
 from ..nodes import Combo, GradSum, Prox, Substitute, Var
 from ..trace import Claim, Contraction, Step
-from .common import certificate, proxable
+from .common import certificate, envelope_problem, proxable
 
 VARIANTS = ("auto", "prox", "gradient")
 
@@ -38,11 +38,12 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
             raise LoweringError("regularizer must act on the layer state only", term=str(r))
     prox_regs, grad_regs = [], []
     for r in regs:
-        use_prox = proxable(r) and variant in ("auto", "prox")
-        if variant == "prox" and not proxable(r):
+        env_why = envelope_problem(r, r.coef(None)) if proxable(r) else ""
+        use_prox = proxable(r) and not env_why and variant in ("auto", "prox")
+        if variant == "prox" and not use_prox:
             raise LoweringError(
                 "prox variant requested but the term has no closed-form prox (or a non-positive "
-                "coefficient)", term=str(r),
+                f"coefficient){': ' + env_why if env_why else ''}", term=str(r),
                 hint="use variant='gradient' (needs a smooth term) or a term with a prox",
             )
         if use_prox:

@@ -11,7 +11,8 @@ import torch
 from hypothesis import strategies as st
 
 import lowering
-from convex_eq import models
+from convex_eq import SqNorm, models
+from lowering import SAMConfig
 
 MODELS = ("opteq", "opteq-conj", "opteq-conv", "geq", "geq-patch", "deep", "deep-multiblock",
           "mopteq")
@@ -97,6 +98,12 @@ def module_cases(draw: Any, stress: bool = True) -> ModuleCase:
     batch = draw(st.sampled_from((1, 1, 3, 4096))) if stress else draw(st.integers(1, 3))
     if batch == 4096:
         options["max_iter"] = min(options["max_iter"], 40)
+    extra = draw(st.sampled_from(("none", "none", "none", "spectral_norm", "project", "sam")))
+    if extra in ("spectral_norm", "project"):
+        options["weight_control"] = extra
+    elif extra == "sam" and len(derived.blocks) == 1:
+        options["sam"] = SAMConfig(SqNorm(derived.blocks[0]) * 0.5, max_iter=200,
+                                   tol=draw(st.sampled_from((1e-2, 1e-4))))
     mag = draw(st.sampled_from((1.0, 1e8, 1e-12, 1e20, 0.0, 1e-30))) if stress else 1.0
     g = torch.Generator().manual_seed(seed)
     x = (mag * torch.randn(batch, *in_shape, generator=g, dtype=torch.float64)).to(

@@ -116,6 +116,7 @@ def check_contraction(d: lowering.DerivedLayer, case: Case, steps: int = 40) -> 
     assert c >= 0, f"negative Lipschitz bound {c}"
     if not math.isfinite(c):
         return "contraction:no-bound"
+    _check_lipschitz_pairs(d, case, c)
     if not c < 1:
         steps = 8
     Z = state_values(d, case, 1.0, seed=11)
@@ -146,6 +147,40 @@ def check_contraction(d: lowering.DerivedLayer, case: Case, steps: int = 40) -> 
     bound = d0 * c ** (k + 1) + 1e-9 * (1.0 + cur.norm(dim=-1))
     assert bool((dk <= bound).all()), "plain iteration does not converge at the certified rate"
     return "contraction:converges"
+
+
+def _check_lipschitz_pairs(d: lowering.DerivedLayer, case: Case, c: float) -> None:
+    """``||T(z) − T(z')|| ≤ c ||z − z'||`` at random pairs, near and far, small and large."""
+    if any(getattr(t, "batch_coupled", False) for t in _terms(case.obj)):
+        return  # T couples the samples: the bound is not per sample
+    names = [b.name for b in d.blocks]
+    g = torch.Generator().manual_seed(3)
+    for i, (scale, rel) in enumerate(((1.0, 1.0), (1.0, 1e-3), (5.0, 0.3), (0.1, 1.0))):
+        Z = state_values(d, case, scale, seed=20 + i)
+        Z2 = dict(Z)
+        for k in names:
+            Z2[k] = Z[k] + rel * scale * torch.randn(Z[k].shape, generator=g, dtype=T64)
+        with torch.no_grad():
+            a, b = d.apply(Z), d.apply(Z2)
+        num = torch.cat([a[k] - b[k] for k in names], -1).norm(dim=-1)
+        den = torch.cat([Z[k] - Z2[k] for k in names], -1).norm(dim=-1)
+        big = torch.cat([a[k] for k in names], -1).norm(dim=-1)
+        bad = num > c * den * (1 + 1e-7) + 1e-11 * (1 + big)
+        assert not bool(bad.any()), (
+            f"Lip(T) ≤ {c:.6g} ({d.contraction.formula}) violated: ratio "
+            f"{(num / den).tolist()} at state scale {scale:g}, |Δz| ~ {rel * scale:g}")
+
+
+def _terms(obj: Any) -> list[Any]:
+    if isinstance(obj, DeepComposition):
+        return [t for layer in obj.layers for t in _terms(layer)]
+    out = []
+    for t in getattr(obj, "terms", []):
+        out.append(t)
+        if isinstance(getattr(t, "inner", None), Objective):
+            out += _terms(t.inner)
+    pc = getattr(obj, "precomposition", None)
+    return out + (_terms(pc.inner) if pc is not None else [])
 
 
 # ----------------------------------------------------------------------------- printing
@@ -256,20 +291,47 @@ def check_cvxpy(case: Case) -> str:
         val = float(np.asarray(obj.value(**z, **x1)))
     except ce.ConvexEqError as err:  # e.g. an envelope of a φ without closed-form prox
         return "cvxpy:exported," + assert_documented(err, obj, "value")
-    if not aux:
+    if aux:  # auxiliary variables (conjugates, envelopes): compare the optimal values
+        ref, tol = exp.value, 1e-5 * (1 + abs(exp.value))
+        if not math.isfinite(val):
+            return "cvxpy:solution-on-domain-boundary(aux)"
+    else:  # only states own blocks of the free vector: compare at the very same point
         f = np.concatenate([z[s.name].reshape(-1) for s in obj.states])
-        # only states own blocks of the free vector: compare at the very same feasible point
-        assert exp.max_violation(f) <= 1e-7, f"cleaned point infeasible ({exp.max_violation(f)})"
-        ref = exp.objective_at(f)
-        tol = 1e-7 * (1 + abs(ref))
-    else:
-        ref = exp.value
-        tol = 1e-5 * (1 + abs(ref))
-    assert math.isfinite(val), f"objective.value = {val} at the CVXPY solution (value {ref})"
+        viol = exp.max_violation(f)
+        assert viol <= 1e-7, f"CVXPY solution infeasible by {viol}"
+        ref, tol = exp.objective_at(f), 1e-7 * (1 + abs(exp.objective_at(f)))
+        probes = _probe_points(exp, obj, x1)
+        if not math.isfinite(val):
+            # e.g. φ∘A with the solution on the boundary of dom f_σ(Mz + c): 1e-13 outside
+            return f"cvxpy:solution-on-domain-boundary,probes-match({probes})"
     assert abs(val - ref) <= tol, (
         f"CVXPY export value {ref!r} ≠ objective.value {val!r} (|Δ| = {abs(val - ref):.3e}) "
         f"at {'the CVXPY solution' if aux else 'the same feasible point'}")
-    return f"cvxpy:matches({'aux' if aux else 'exact'})"
+    return f"cvxpy:matches({'aux' if aux else f'exact,probes={probes}'})"
+
+
+def _probe_points(exp: Any, obj: Objective, x1: dict[str, np.ndarray]) -> int:
+    """Wherever ``objective.value`` is finite, the exported problem (no auxiliary variables)
+    is feasible there and has the same value; returns the number of finite probes."""
+    rng = np.random.default_rng(1)
+    n = 0
+    for scale in (0.0, 0.1, 1.0, 3.0):
+        z = _clean(obj, {s.name: scale * rng.standard_normal(s.size) for s in obj.states})
+        try:
+            v = float(np.asarray(obj.value(**z, **x1)))
+        except ce.ConvexEqError:
+            continue
+        if not math.isfinite(v):
+            continue
+        f = np.concatenate([z[s.name].reshape(-1) for s in obj.states])
+        viol = exp.max_violation(f)
+        assert viol <= 1e-9 * (1 + float(np.abs(f).max(initial=0.0))), (
+            f"objective.value = {v} is finite at {f} but the export is infeasible there ({viol})")
+        ref = exp.objective_at(f)
+        assert abs(v - ref) <= 1e-7 * (1 + abs(v)), (
+            f"at a feasible probe point: export value {ref!r} ≠ objective.value {v!r}")
+        n += 1
+    return n
 
 
 # ----------------------------------------------------------------------------- verify

@@ -85,7 +85,7 @@ SYMPY_INVALID = {
 FAMILIES = ("canonical", "theorem1", "moreau", "precompose", "deep", "fb", "random")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sympy_activation(key: str) -> Any:
     """A valid sympy-derived activation (built once: sympy derivations take ~1 s)."""
     t = sp.Symbol("t")
@@ -588,7 +588,7 @@ def _bad_scale(draw: Any) -> float:
     return draw(st.sampled_from((0.0, -1.0, -1e-9, math.nan, math.inf, -math.inf)))
 
 
-def _malformed_cases(draw: Any, b: Builder) -> Malformed:  # noqa: C901 - one menu
+def _malformed_cases(draw: Any, b: Builder) -> Malformed:
     kind = draw(st.sampled_from(MALFORMED_KINDS))
     n = draw(st.integers(1, 5))
     m = draw(st.integers(1, 5).filter(lambda k: k != n))
