@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import lowering
 from convex_eq import SqNorm, models
 from lowering import SAMConfig
+from lowering.weight_control import norm_conditions
 
 MODELS = ("opteq", "opteq-conj", "opteq-conv", "geq", "geq-patch", "deep", "deep-multiblock",
           "mopteq")
@@ -99,7 +100,7 @@ def module_cases(draw: Any, stress: bool = True) -> ModuleCase:
     if batch == 4096:
         options["max_iter"] = min(options["max_iter"], 40)
     extra = draw(st.sampled_from(("none", "none", "none", "spectral_norm", "project", "sam")))
-    if extra in ("spectral_norm", "project"):
+    if extra in ("spectral_norm", "project") and norm_conditions(derived):
         options["weight_control"] = extra
     elif extra == "sam" and len(derived.blocks) == 1:
         options["sam"] = SAMConfig(SqNorm(derived.blocks[0]) * 0.5, max_iter=200,
