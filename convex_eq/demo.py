@@ -39,14 +39,14 @@ class DemoConfig:
     l1: float = 0.01
     alpha: float = 0.5
     gamma: float = 0.05
-    verify_inputs: int = 2
+    verify_inputs: int = 1
     pool: str = "max"
     quick: bool = False
     seed: int = 0
 
     @classmethod
     def quick_config(cls) -> DemoConfig:
-        return cls(channels=8, epochs=2, verify_inputs=1, quick=True)
+        return cls(channels=4, epochs=1, verify_inputs=1, quick=True)
 
 
 @dataclass

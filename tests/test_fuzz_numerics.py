@@ -13,8 +13,9 @@ import copy
 import warnings
 
 import numpy as np
+import pytest
 import torch
-from fuzz.modules import ModuleCase, f64_residual, inject_weights, module_cases
+from fuzz.modules import ModuleCase, build_derived, f64_residual, inject_weights, module_cases
 from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 from hypothesis import given, note
 from hypothesis import strategies as st
@@ -46,7 +47,8 @@ def test_module_under_stress_never_returns_silent_nan(case: ModuleCase, k: int) 
     twin = copy.deepcopy(module)
     out, stats, how = _forward(module, case)
     if out is None:
-        record("stress-forward", f"{case.inject}/{how}")
+        mag = "" if case.inject != "none" else f"(|x|~{case.magnitude:g})"
+        record("stress-forward", f"{case.inject}/{how}{mag}")
         return
     outs = out if isinstance(out, tuple) else (out,)
     for o in outs:  # the property: never a silent NaN / Inf
@@ -91,3 +93,22 @@ def _check_backward(module, case: ModuleCase) -> None:
             assert torch.isfinite(p.grad).all(), f"non-finite gradient of {name}: {p.grad}"
     warned = any(issubclass(w.category, ce.ConvergenceWarning) for w in caught)
     record("stress-backward", "warned" if warned else "finite-gradients")
+
+
+@pytest.mark.parametrize("control", [
+    None,
+    pytest.param("project", marks=pytest.mark.xfail(
+        reason="weight control re-runs its warm-started power iteration in every forward, also "
+        "in eval mode: repeated eval forwards drift (~3e-7 at tol 1e-12); reported, not fixed "
+        "here (lowering/weight_control.py is being changed by its owner)", strict=False)),
+    pytest.param("spectral_norm", marks=pytest.mark.xfail(
+        reason="same as 'project'", strict=False)),
+])
+def test_eval_forward_is_deterministic(control: str | None) -> None:
+    """In eval mode the same input gives bit-identical outputs, call after call."""
+    d = build_derived("opteq", "relu", 0.999, 0)[0]
+    m = d.torch_module(dtype=torch.float64, tol=1e-12, weight_control=control).eval()
+    x = torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outs = [m(x) for _ in range(3)]
+    assert all(torch.equal(o, outs[0]) for o in outs)

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -318,17 +317,22 @@ def mlp_case(weights: list[np.ndarray], biases: list[np.ndarray], x: np.ndarray,
                    widths)
 
 
+_mlp_weight = st.one_of(st.just(0.0), st.floats(1e-3, 2.0), st.floats(-2.0, -1e-3))
+
+
 @st.composite
 def mlp_cases(draw: Any, acts: tuple[str, ...] = ("relu", "tanh"), depth: tuple[int, int] = (1, 4),
               width: tuple[int, int] = (1, 7)) -> MLPCase:
-    """Random MLPs (depth = number of Linear layers).  Layers with ``||A_k||₂ < 1e-6`` are
-    excluded: the converter cannot factor a zero layer (see the report / the xfail test)."""
+    """Random MLPs (depth = number of Linear layers); zero and rank-deficient layers included
+    (a zero layer was a converter bug, now a regression test).  Weight entries are 0 or of
+    magnitude in ``[1e-3, 2]``: the converter's factor scales telescope
+    (``||W̄_(k+1)|| ≈ ||A_k||/||W̄_k||``) and ``μ_k = ||W̄_(k+1)||²`` under/overflows for layers of
+    norm ~1e-200 (a reported robustness limit, outside this property's domain)."""
     widths = [draw(st.integers(*width)) for _ in range(draw(st.integers(*depth)) + 1)]
     ws, bs = [], []
     for k in range(len(widths) - 1):
-        w = draw(arrays((widths[k + 1], widths[k]), -2.0, 2.0)) / np.sqrt(widths[k])
-        assume(float(np.linalg.norm(w, 2)) > 1e-6)
-        ws.append(w)
+        shape = (widths[k + 1], widths[k])
+        ws.append(draw(hnp.arrays(np.float64, shape, elements=_mlp_weight)) / np.sqrt(widths[k]))
         bs.append(draw(arrays((widths[k + 1],), -1.0, 1.0)))
     x = draw(arrays((draw(st.integers(1, 4)), widths[0]), -2.0, 2.0))
     return mlp_case(ws, bs, x, draw(activations(acts)))
