@@ -287,7 +287,9 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
     """Run the whole demo; returns the results (also written to ``out``)."""
     import lowering
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    # the layers are small: one thread avoids OpenMP hand-off/spin costs that dominate tiny
+    # convolutions (and make them 100x slower when the machine is busy)
+    torch.set_num_threads(1)
     cfg = DemoConfig.quick_config() if quick else DemoConfig()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

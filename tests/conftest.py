@@ -25,4 +25,5 @@ settings.register_profile(
 _default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# tiny tensors: one intra-op thread avoids OpenMP spin/hand-off costs (dominant on a busy machine)
+torch.set_num_threads(1)

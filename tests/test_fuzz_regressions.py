@@ -167,6 +167,25 @@ def test_moreau_envelope_refuses_a_non_finite_mu(mu: float) -> None:
         moreau(L1(z), mu)
 
 
+# ----------------------------------------------------------------- convex_eq/activations/base.py
+@pytest.mark.parametrize("act", ["identity", "leaky_relu", "relu", "softplus"])
+def test_prox_of_a_conjugate_potential_stays_in_its_domain(act: str) -> None:
+    """prox_{t f_σ*} via the Moreau identity v − t·prox_{f_σ/t}(v/t) left 5e-17 where the
+    exact value is 0 (the edge of dom f_σ*), so f_σ* of the prox was +∞ (identity: ι_{0})."""
+    a = ce.get_activation(act, slope=0.3) if act == "leaky_relu" else ce.get_activation(act)
+    v = torch.tensor([0.055988528498338484, 0.3523299032448493, 1.614604087979768, -0.7],
+                     dtype=T64)
+    for t in (0.3, 1.0, 2.5):
+        p = a.prox_conjugate(v, t)
+        lo, hi = a.conjugate_domain
+        assert bool(((p >= lo) & (p <= hi)).all())
+        assert torch.isfinite(a.conjugate_potential(p)).all()
+    z = State("z", 1)
+    g = Objective([Potential(a, z).conjugate() * 2.0, SqNorm(z) * -0.3])
+    p = g.prox(torch.tensor([[0.055988528498338484]], dtype=T64), 2.5, {})
+    assert torch.isfinite(g.value_tensor({"z": p})).all()
+
+
 # ----------------------------------------------------------------- convex_eq/terms/potential.py
 def test_not_dcp_potential_export_names_the_term() -> None:
     """The refusal named only the activation ('softplus'), not which term of the objective."""

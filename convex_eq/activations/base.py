@@ -197,10 +197,17 @@ class Activation:
         return self._prox_solve(v, t)
 
     def prox_conjugate(self, v: TensorLike, t: Scale = 1.0) -> torch.Tensor:
-        """``prox_{t f_σ*}(v) = v - t prox_{f_σ/t}(v/t)`` (Moreau identity)."""
+        """``prox_{t f_σ*}(v) = v - t prox_{f_σ/t}(v/t)`` (Moreau identity), kept in the closed
+        ``conjugate_domain`` (the subtraction leaves e.g. ``5e-17`` where the exact prox of
+        ``ι_{0}`` (identity) is ``0``, and ``f_σ*`` is ``+inf`` there)."""
         v = nm.as_tensor(v)
         t = self._check_scale(t)
-        return v - t * self.prox(v / t, 1.0 / t)
+        out = v - t * self.prox(v / t, 1.0 / t)
+        lo, hi = self.conjugate_domain
+        if math.isfinite(lo) or math.isfinite(hi):
+            out = torch.clamp(out, min=lo if math.isfinite(lo) else None,
+                              max=hi if math.isfinite(hi) else None)
+        return out
 
     # ---------------------------------------------------------------------------- CVXPY forms
     def cvxpy_potential(self, u: cp.Expression) -> tuple[cp.Expression, list[cp.Constraint]]:
