@@ -16,7 +16,7 @@ import warnings
 import pytest
 from fuzz import properties as P
 from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
-from fuzz.strategies import Case, well_formed
+from fuzz.strategies import Case, proxable_objectives, well_formed
 from hypothesis import given, note
 
 
@@ -38,6 +38,13 @@ def test_lower_derives_or_documented_error(case: Case) -> None:
 def test_cvxpy_export_matches_value_or_not_dcp(case: Case) -> None:
     note(repr(case))
     record("cvxpy", f"{case.family}/{P.check_cvxpy(case)}")
+
+
+@given(proxable_objectives())
+def test_objective_prox_is_a_minimizer(case: tuple) -> None:
+    phi, t, v = case
+    note(f"φ = {phi}, t = {t}, v = {v}")
+    record("prox", P.check_prox(phi, t, v))
 
 
 @pytest.mark.skipif(P.verify_check() is None, reason="verify.check is not available")

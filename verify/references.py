@@ -434,7 +434,7 @@ def wide_solution(comp: DeepComposition, x: Any, env: Mapping[str, Any] | None =
         t = inputs[s.name]
         inputs[s.name] = t.reshape(1, s.size) if t.ndim == len(s.shape) and \
             tuple(t.shape) == s.shape else t.reshape(t.shape[0], s.size)
-    bsz = next(iter(inputs.values())).shape[0]
+    bsz = next(iter(inputs.values())).shape[0] if inputs else 1  # input-free models: one sample
     pieces = [prox_pieces(phi, env) for phi in comp.layers]
     qs = [p.q(inputs, env, bsz) for p in pieces]
     n = comp.blocks[0].size

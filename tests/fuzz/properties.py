@@ -334,6 +334,32 @@ def _probe_points(exp: Any, obj: Objective, x1: dict[str, np.ndarray]) -> int:
     return n
 
 
+def check_prox(phi: Objective, t: float, v: float) -> str:
+    """``Objective.prox`` (1-D) returns a minimizer of ``t·φ(u) + (u − v)²/2``: finite there and
+    no worse than the best point of a fine grid (plus its local refinement)."""
+    z = phi.states[0].name
+    try:
+        p = phi.prox(torch.tensor([[v]], dtype=T64), t, {})
+    except ce.ConvexEqError as err:
+        return assert_documented(err, phi, "prox")
+
+    def F(u: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return t * phi.value_tensor({z: u.reshape(-1, 1)}) + 0.5 * (u.reshape(-1) - v) ** 2
+
+    fp = float(F(p))
+    assert math.isfinite(fp), f"prox_{{{t:g}φ}}({v}) = {float(p)} is outside dom φ"
+    grid = torch.linspace(-12.0, 12.0, 48001, dtype=T64)
+    fg = F(grid)
+    i = int(torch.argmin(torch.where(torch.isnan(fg), torch.full_like(fg, math.inf), fg)))
+    fine = torch.linspace(float(grid[max(i - 1, 0)]), float(grid[min(i + 1, grid.numel() - 1)]),
+                          2001, dtype=T64)
+    best = float(torch.nan_to_num(F(fine), nan=math.inf).min())
+    assert fp <= best + 1e-9 * (1 + abs(best)), (
+        f"prox_{{{t:g}φ}}({v}) = {float(p)} has value {fp}, the grid reaches {best}")
+    return "prox:minimizer"
+
+
 # ----------------------------------------------------------------------------- verify
 def verify_check() -> Any:
     """``verify.check`` if it exists (it is being written concurrently), else None."""

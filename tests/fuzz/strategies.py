@@ -63,6 +63,7 @@ from convex_eq import (
     SqNorm,
     State,
     Weight,
+    models,
     moreau,
     precompose,
 )
@@ -895,6 +896,114 @@ def _malformed_cases(draw: Any, b: Builder) -> Malformed:
         z2 = State(b.name("z"), n)
         obj = phi + L1(z2) * 0.1
         return Malformed(kind, lambda: lowering.lower(obj), (zz.name, z2.name))
+    return _malformed_api(kind, draw, b, z, n, m)
+
+
+def _malformed_api(kind: str, draw: Any, b: Builder, z: State, n: int, m: int) -> Malformed:
+    """Misuse of the constructors and helpers of the language (operators, symbols, models,
+    options)."""
+    from convex_eq.operators import AvgDownsample, BlockDiag, CyclicPermutation
+
+    if kind == "empty_objective":
+        return Malformed(kind, lambda: Objective([], name="emptyobj"), ("emptyobj",))
+    if kind == "objective_garbage":
+        return Malformed(kind, lambda: Objective([SqNorm(z), 42], name="garb"), ("garb", "int"))
+    if kind == "matmul_size":
+        w = Weight(b.name("W"), (m, m))
+        return Malformed(kind, lambda: w @ z, (w.name,))
+    if kind == "dense_3d":
+        w = Weight(b.name("K"), (2, 2, 2))
+        return Malformed(kind, lambda: Dense(w), (w.name,))
+    if kind == "avgpool_factor":
+        f = draw(st.sampled_from((0, -1, 3, 1.5)))
+        return Malformed(kind, lambda: AvgDownsample(f, (1, 4, 4)), ("avgpool", "AvgDownsample"))
+    if kind == "conv_stride":
+        w = Weight(b.name("K"), (1, 1, 3, 3))
+        return Malformed(kind, lambda: Conv2d(w, in_shape=(1, 4, 4), stride=0), ("stride",))
+    if kind == "conv_kernel_big":
+        w = Weight(b.name("K"), (1, 1, 5, 5))
+        return Malformed(kind, lambda: Conv2d(w, in_shape=(1, 2, 2)), (w.name,))
+    if kind == "empty_blocks":
+        mk = draw(st.sampled_from((lambda: BlockDiag([]), lambda: CyclicPermutation([]))))
+        return Malformed(kind, mk, ("blkdiag", "P_cyc"))
+    if kind == "bad_symbol_name":
+        name = draw(st.sampled_from(("1z", "z-1", "", "a b")))
+        return Malformed(kind, lambda: State(name, 2), (repr(name),))
+    if kind == "symbol_value_shape":
+        return Malformed(kind, lambda: Weight("Wv", (n, n), np.zeros((n, m))), ("Wv",))
+    if kind == "scalar_nan":
+        v = draw(st.sampled_from((math.nan, math.inf)))
+        return Malformed(kind, lambda: Scalar("sc_n", v, low=0.0), ("sc_n",))
+    if kind == "linear_state_coef":
+        return Malformed(kind, lambda: Linear(z, z), (z.name,))
+    if kind == "conjugate_no_rule":
+        t = draw(st.sampled_from(("gauss", "incay", "coupling", "neg_l1", "decor")))
+        q = Weight(b.name("q"), (n,))
+        term = {"gauss": lambda: GaussianKernel(q - z), "incay": lambda: FeatureIncay(z),
+                "coupling": lambda: Coupling(z, z), "neg_l1": lambda: L1(z) * -1.0,
+                "decor": lambda: BatchDecorrelation(State(b.name("z"), 3))}[t]()
+        return Malformed(kind, lambda: ce.conjugate(term), (str(term),))
+    if kind == "conjugate_affine_no_op":
+        q = Weight(b.name("q"), (n,))
+        term = Antiderivative("relu", z + q)
+        return Malformed(kind, lambda: ce.conjugate(term), (str(term),))
+    if kind == "model_options":
+        mk = draw(st.sampled_from((
+            lambda: models.opteq(form="sideways"),
+            lambda: models.mopteq(shapes=((2, 4, 4),)),
+            lambda: models.opteq(conv=(2, 3)),
+            lambda: models.geq(patch=2, image=(1, 3, 3), p=16),
+        )))
+        return Malformed(kind, mk, ("opteq", "mopteq", "geq"))
+    if kind == "sam_config":
+        cfg = draw(st.sampled_from(({"rho": 1.0}, {"c": -0.1}, {"R": L1(z)})))
+        from lowering import SAMConfig
+
+        return Malformed(kind, lambda: SAMConfig(**{"R": SqNorm(z), **cfg}), ("SAM",))
+    if kind == "register_duplicate":
+        return Malformed(kind, lambda: ce.register_activation("relu", lambda: None), ("relu",))
+    if kind == "activation_type":
+        return Malformed(kind, lambda: ce.get_activation(42), ("42",))
+    if kind == "from_sympy_check":
+        t = sp.Symbol("t")
+        return Malformed(kind, lambda: ce.from_sympy(t / 2, t, check="bogus"), ("bogus",))
+    if kind == "objective_symbol":
+        phi = _canon(b, z)
+        return Malformed(kind, lambda: phi.symbol("nope"), ("nope",))
+    if kind == "certificate_kwargs":
+        phi = _canon(b, z)
+        return Malformed(kind, lambda: phi.certificate(**{z.name: np.zeros(n)}), (z.name,))
+    if kind == "precompose_two_states":
+        z2 = State(b.name("z"), n)
+        phi = Objective([SqNorm(z), SqNorm(z2)])
+        return Malformed(kind, lambda: precompose(phi, np.eye(n)), ("precompose", z.name))
+    if kind == "deep_empty":
+        return Malformed(kind, lambda: DeepComposition([], 0.5, name="deepnet"), ("deepnet",))
+    if kind == "deep_same_state":
+        p1, zz = _opteq_parts(b, n)
+        return Malformed(kind, lambda: DeepComposition([p1, p1], 0.5, name="deepnet"),
+                         ("deepnet",))
+    if kind == "coupling_P_type":
+        return Malformed(kind, lambda: Coupling(z, z, "P"), ("Coupling",))
+    if kind == "patch_no_layout":
+        zz = State(b.name("z"), 4)
+        wh = Weight(b.name("Wh"), (4, 2))
+        return Malformed(kind, lambda: PatchGaussianKernel(zz, zz, 1.0, 2, wh), ("Patch",))
+    if kind == "hardtanh_nan":
+        return Malformed(kind, lambda: ce.get_activation("clamp", lo=math.nan, hi=1.0),
+                         ("clamp",))
+    if kind == "T_unknown_name":
+        phi = _canon(b, z)
+        return Malformed(kind, lambda: lowering.lower(phi).T(**{z.name: np.zeros(n),
+                                                                "bogus": 1}), ("bogus",))
+    if kind == "prox_negative_step":
+        t = L1(z)
+        return Malformed(kind, lambda: t.prox(torch.zeros(1, n), -1.0), (z.name,))
+    if kind == "solve_options":
+        f = draw(st.sampled_from(({"solver": "magic"}, {"solver": "plain", "damping": 0.0},
+                                  {"solver": "anderson", "m": 0})))
+        return Malformed(kind, lambda: lowering.solve(lambda v: v, torch.zeros(1, 2), **f),
+                         ("solver",))
     raise AssertionError(f"unhandled malformed kind {kind}")
 
 
@@ -914,6 +1023,14 @@ MALFORMED_KINDS = (
     "deep_cor1_alpha1", "moreau_negative", "two_nonsmooth", "nonsmooth_composed",
     "unknown_option", "lower_garbage", "negative_prox_term", "moreau_general_no_prox",
     "hsic_batch1", "regularizer_other_state",
+    # misuse of constructors / helpers
+    "empty_objective", "objective_garbage", "matmul_size", "dense_3d", "avgpool_factor",
+    "conv_stride", "conv_kernel_big", "empty_blocks", "bad_symbol_name", "symbol_value_shape",
+    "scalar_nan", "linear_state_coef", "conjugate_no_rule", "conjugate_affine_no_op",
+    "model_options", "sam_config", "register_duplicate", "activation_type", "from_sympy_check",
+    "objective_symbol", "certificate_kwargs", "precompose_two_states", "deep_empty",
+    "deep_same_state", "coupling_P_type", "patch_no_layout", "hardtanh_nan", "T_unknown_name",
+    "prox_negative_step", "solve_options",
 )
 
 
@@ -938,3 +1055,31 @@ class _Fixed:
             self.used = True
             return self.kind
         return self.draw(strategy)
+
+
+# ----------------------------------------------------------------------------- prox-able φ
+@st.composite
+def proxable_objectives(draw: Any) -> tuple[Objective, float, float]:
+    """``(φ, t, v)``: a 1-D objective with a closed-form prox (one prox-able term — potential,
+    its conjugate, σ̃*, ℓ1, ℓ∞ ball, envelope — plus ``a/2 z²`` with ``1 + t·a > 0`` and a
+    linear term), a step ``t`` and a point ``v``: ``Objective.prox`` is what the Moreau rules
+    and the regularizer edits evaluate."""
+    b = Builder(draw, draw(st.integers(0, 2**31 - 1)))
+    z = State(b.name("z"), 1)
+    kind = draw(st.sampled_from(("pot", "aconj", "pconj", "l1", "linf", "moreau")))
+    c = b.pos(0.2, 3.0)
+    g = {"pot": lambda: Potential(b.activation(), z) * c,
+         "aconj": lambda: AntiderivativeConjugate(b.activation(), z) * c,
+         "pconj": lambda: Potential(b.activation(), z).conjugate() * c,
+         "l1": lambda: L1(z) * c,
+         "linf": lambda: LinfBallIndicator(z, c),
+         "moreau": lambda: moreau(Objective([L1(z) * c]), b.pos(0.2, 2.0))}[kind]()
+    t = draw(st.sampled_from((0.3, 1.0, 2.5)) | st.floats(0.05, 5.0))
+    terms: list[Any] = [g]
+    a = draw(st.sampled_from((0.0, 0.5, -0.3)))
+    if a and 1 + t * a > 0:
+        terms.append(SqNorm(z) * a)
+    if draw(st.booleans()):
+        terms.append(Linear(Weight(b.name("w"), (1,), [draw(st.floats(-2, 2))]), z))
+    v = draw(st.floats(-4.0, 4.0))
+    return Objective(terms, name="phi"), t, v
