@@ -74,13 +74,22 @@ def _ddp_worker(rank: int, world: int, port: int, steps: int, out: str) -> None:
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     torch.save({"grads": grads, "params": [p.detach() for p in model.parameters()]},
                f"{out}/rank{rank}.pt")
+    dist.barrier()  # both ranks have written their results before gloo is torn down
     dist.destroy_process_group()
 
 
 def run_ddp(steps: int = 3, world: int = 2) -> float:
     """Run DDP on ``world`` local processes; returns max |grad_rank0 − grad_rank1|."""
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_ddp_worker, args=(world, _free_port(), steps, out), nprocs=world, join=True)
+        try:
+            mp.spawn(_ddp_worker, args=(world, _free_port(), steps, out), nprocs=world,
+                     join=True)
+        except mp.ProcessExitedException:
+            # gloo occasionally aborts in its own teardown after the work is done; accept the
+            # run only if every rank wrote its results (written before the final barrier)
+            if not all(os.path.exists(f"{out}/rank{r}.pt") for r in range(world)):
+                raise
+            print("note: a worker aborted during gloo teardown after writing its results")
         res = [torch.load(f"{out}/rank{r}.pt") for r in range(world)]
     diff = float((res[0]["grads"] - res[1]["grads"]).abs().max())
     pdiff = max(float((a - b).abs().max()) for a, b in zip(res[0]["params"], res[1]["params"]))
