@@ -47,7 +47,6 @@ def test_objective_prox_is_a_minimizer(case: tuple) -> None:
     record("prox", P.check_prox(phi, t, v))
 
 
-@pytest.mark.skipif(P.verify_check() is None, reason="verify.check is not available")
 @given(well_formed())
 def test_verify_check_passes_or_labels_the_reason(case: Case) -> None:
     note(repr(case))
