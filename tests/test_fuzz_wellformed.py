@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 from fuzz import properties as P
 from fuzz.stats import fuzz_stats, record  # noqa: F401  (autouse: writes the outcome counts)
 from fuzz.strategies import Case, proxable_objectives, well_formed
