@@ -95,9 +95,9 @@ def test_loading_weights_of_the_wrong_shape_raises_naming_the_parameter(case: Mo
     if key.startswith("weights."):
         m.weights[name] = nn.Parameter(bad[key])
         sym = name
-    else:
+    else:  # buffers: const_<C>, scalar_<s>, wc_v_<W> (weight-control power-iteration vector)
         setattr(m, key, bad[key])
-        sym = key.split("_", 1)[1]
+        sym = key.removeprefix("wc_v_") if key.startswith("wc_v_") else key.split("_", 1)[1]
     with pytest.raises(ce.ShapeError) as err:
         m(case.x)
     assert sym in str(err.value), f"forward error does not name {sym}: {err.value}"
