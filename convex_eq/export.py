@@ -15,7 +15,7 @@ import cvxpy as cp
 import numpy as np
 
 from .affine import Affine
-from .errors import ExportError, NotDCPError, ShapeError
+from .errors import ExportError, NotDCPError, ShapeError, SolverError
 from .symbols import Env, Symbol, as_tensor
 
 
@@ -48,7 +48,12 @@ class ExportedProblem:
         opts = dict(kwargs)
         if "solver" not in opts:
             opts.update(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
-        self.problem.solve(**opts)
+        try:
+            self.problem.solve(**opts)
+        except cp.error.SolverError as err:  # CVXPY's own exception type: keep it typed here
+            raise SolverError(f"the CVXPY solver failed: {err}", term="to_cvxpy",
+                              hint="try another solver (solve(solver=...)) or rescale the "
+                              "problem") from err
         return self.value
 
     @property

@@ -223,6 +223,22 @@ def test_export_of_a_constant_objective_has_a_solution() -> None:
     assert exp.state_values()["z"].shape == (1, 2, 2)
 
 
+def test_export_solver_failure_is_a_project_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ExportedProblem.solve`` let ``cvxpy.error.SolverError`` escape (seen twice in a
+    thorough fuzz run on random objectives, Clarabel failing)."""
+    import cvxpy as cp
+
+    z = State("z", 2)
+    exp = Objective([L1(z), SqNorm(z)]).to_cvxpy()
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise cp.error.SolverError("Solver 'CLARABEL' failed.")
+
+    monkeypatch.setattr(exp.problem, "solve", fail)
+    with pytest.raises(ce.SolverError, match="CLARABEL"):
+        exp.solve()
+
+
 # ----------------------------------------------------------------- lowering/derived.py
 def test_T_with_different_batch_sizes_raises_a_shape_error() -> None:
     """Blocks and inputs of different batch sizes hit a torch broadcasting RuntimeError."""

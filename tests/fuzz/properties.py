@@ -278,8 +278,9 @@ def check_cvxpy(case: Case) -> str:
 
     try:
         exp.solve()
-    except cp.error.SolverError:
-        return "cvxpy:solver-failed"
+    except ce.SolverError as err:  # the solver itself failed: typed, names the export
+        assert err.term and str(err).strip()
+        return "cvxpy:solver-failed(SolverError)"
     status = exp.problem.status
     if status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE):
         _assert_empty_domain(obj, x1)
@@ -381,7 +382,8 @@ def check_verify(d: lowering.DerivedLayer, case: Case) -> str:
     try:
         rep = check(d, arg, starts=2)
     except ce.ConvexEqError as err:
-        return f"verify-error:{type(err).__name__}"
+        reason = re.sub(r"[-+]?\d[\d.e+-]*", "#", err.reason)[:60]
+        return f"verify-error:{type(err).__name__}({reason})"
     assert isinstance(rep.passed, bool)
     if rep.passed:
         return f"verify:passed({rep.label})"
