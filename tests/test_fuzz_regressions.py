@@ -300,3 +300,18 @@ def test_module_with_a_non_finite_weight_raises(value: float) -> None:
         with pytest.raises(ce.NonFiniteError) as err:
             m(x)
     assert err.value.term == "U"
+
+
+# ----------------------------------------------------------------- verify/lifting.py
+@pytest.mark.parametrize("which", ["l1", "linf"])
+def test_verify_an_input_free_envelope_whose_lifted_problem_has_no_smooth_part(which: str) -> None:
+    """``M^μ[c·||z||₁]`` lifts to a prox term only: the stationarity residual took the autograd
+    gradient of a constant and raised an untyped RuntimeError (found by the thorough fuzz)."""
+    import verify
+
+    z = State("z", 4)
+    inner = L1(z) * 0.3 if which == "l1" else ce.LinfBallIndicator(z, 0.5)
+    phi = moreau(inner, 0.5) if which == "l1" else moreau(inner, 1.0) * 0.9
+    report = verify.check(lowering.lower(phi), {})
+    assert report.passed, report
+    assert report.label == "minimizer"

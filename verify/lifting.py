@@ -137,6 +137,8 @@ class LiftedProblem:
             return np.stack([self.grad(v) for v in vs])
         vt = torch.as_tensor(np.array(vs, dtype=np.float64)).requires_grad_()
         f = self.values_t(vt)
+        if not f.requires_grad:  # F does not depend on v
+            return np.zeros_like(vt.detach().numpy())
         (g,) = torch.autograd.grad(f.sum(), vt)
         return np.nan_to_num(g.detach().numpy(), nan=0.0, posinf=1e300, neginf=-1e300)
 
@@ -151,6 +153,8 @@ class LiftedProblem:
         f = self.value_t(vt)
         if not torch.isfinite(f):
             return math.inf, np.zeros_like(v)
+        if not f.requires_grad:  # F does not depend on v
+            return float(f), np.zeros_like(vt.detach().numpy())
         (g,) = torch.autograd.grad(f, vt)
         f = f.detach()
         g = g.detach().numpy()
@@ -169,6 +173,8 @@ class LiftedProblem:
         for i, c in enumerate(self.contributions):
             if i not in self.nonsmooth:
                 tot = tot + c(parts).sum()
+        if not tot.requires_grad:  # no smooth contribution depends on v (e.g. only a prox term)
+            return np.zeros_like(v, dtype=np.float64)
         (g,) = torch.autograd.grad(tot, vt, allow_unused=True)
         if g is None:
             return np.zeros_like(v)
