@@ -64,7 +64,9 @@ class WeightControl:
 
     def _power(self, module: Any, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
         self._update_vector(module, op, name, env, iters)
-        v = getattr(module, f"wc_v_{name}")
+        # a clone: the buffer is updated in place by the next forward, which must not invalidate
+        # this graph (two forwards before one backward; as torch.nn.utils.spectral_norm does)
+        v = getattr(module, f"wc_v_{name}").clone()
         return op.apply(v, env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
 
     @torch.compiler.disable

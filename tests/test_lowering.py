@@ -424,6 +424,16 @@ def test_weight_control_keeps_the_certificate() -> None:
         assert float(torch.linalg.matrix_norm(w_eff.detach(), 2)) <= 0.95 + 1e-3
 
 
+def test_weight_control_two_forwards_before_one_backward() -> None:
+    """The power-iteration buffer is updated in place by every forward; the first forward's
+    graph must survive it (it raised "modified by an inplace operation" before the clone)."""
+    d = lowering.lower(models.opteq(conv=(4, 3), image=(1, 8, 8)))
+    m = d.torch_module(weight_control="spectral_norm", dtype=T64)
+    x = randn(3, 64)
+    (m(x).sum() + m(2 * x).sum()).backward()
+    assert torch.isfinite(m.weights["W"].grad).all()
+
+
 def test_perturbation_from_objective() -> None:
     g = models.opteq(n=6, m=6, d=4, seed=0)
     p = lowering.perturbation(g, 0.05)
