@@ -88,7 +88,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
 
-    run(out=args.out, quick=args.quick, progress=not args.no_progress)
+    run(out=args.out, quick=args.quick, progress=not args.no_progress, workers=args.workers)
     return 0
 
 
@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--quick", action="store_true", help="< 1 minute version (smoke test)")
     dm.add_argument("--out", default="convex_eq_out", help="output folder (report + plots)")
     dm.add_argument("--no-progress", action="store_true", help="hide tqdm progress bars")
+    dm.add_argument("--workers", type=int, default=None,
+                    help="training processes, one thread each (default 2; 1 = in-process)")
     dm.set_defaults(func=cmd_demo)
     from verify.cli import add_parser as add_verify
 

@@ -11,7 +11,12 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import multiprocessing
+import queue
 import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +26,13 @@ import torch
 from torch import nn
 
 from . import models
+from .errors import ConvergenceWarning
 from .terms import L1, moreau
 
 IMAGE = (1, 8, 8)
+MLP = "MLP (same #params)"
+#: training order (longest first, so that two workers finish close together)
+TRAIN_ORDER = ("OptEq + ℓ1", "OptEq Moreau skip", "OptEq", "GEQ (Gaussian kernel)", MLP)
 
 
 @dataclass
@@ -43,6 +52,8 @@ class DemoConfig:
     pool: str = "max"
     quick: bool = False
     seed: int = 0
+    #: processes training the models in parallel (each single-threaded); 1 = in this process
+    workers: int = 2
 
     @classmethod
     def quick_config(cls) -> DemoConfig:
@@ -58,6 +69,8 @@ class Result:
     final_residual: float = float("nan")
     verification: str = "—"
     train_time: float = 0.0
+    #: convergence warnings raised while training: (forward, backward adjoint) counts
+    nonconvergence: tuple[int, int] = (0, 0)
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -141,8 +154,9 @@ def n_params(m: nn.Module) -> int:
 
 # ----------------------------------------------------------------------------- training
 def train(model: nn.Module, data: tuple[torch.Tensor, ...], cfg: DemoConfig, name: str,
-          progress: bool = True) -> Result:
-    """Adam + cross-entropy; records loss/accuracy per epoch."""
+          progress: bool = True,
+          on_epoch: Callable[[dict[str, float]], None] | None = None) -> Result:
+    """Adam + cross-entropy (cosine learning rate); records loss/accuracy per epoch."""
     from tqdm import tqdm
 
     xtr, ytr, xte, yte = data
@@ -171,6 +185,8 @@ def train(model: nn.Module, data: tuple[torch.Tensor, ...], cfg: DemoConfig, nam
         res.history.append({"epoch": epoch + 1, "loss": tot / nb, "test_acc": acc,
                             "iterations": its / nb})
         bar.set_postfix(loss=f"{tot / nb:.3f}", acc=f"{acc:.3f}")
+        if on_epoch is not None:
+            on_epoch(res.history[-1])
     res.train_time = time.perf_counter() - t0
     res.accuracy = accuracy(model, xte, yte)
     if isinstance(model, EquilibriumClassifier):
@@ -185,6 +201,91 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():
         return float((model(x).argmax(1) == y).float().mean())
+
+
+# ----------------------------------------------------------------------------- jobs
+_QUEUE: Any = None
+
+
+def _init_worker(q: Any) -> None:
+    global _QUEUE
+    _QUEUE = q
+    torch.set_num_threads(1)
+
+
+def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = False) -> dict:
+    """Train model ``name`` on digits, verify its equilibrium layer on test inputs; returns the
+    ``Result``, the layer's effective weights and its test features (picklable)."""
+    import lowering
+
+    torch.set_num_threads(1)
+    data = load_data(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if name == MLP:
+        model: nn.Module = mlp_with(mlp_params)
+    else:
+        model = EquilibriumClassifier(lowering.lower(objectives(cfg)[name]), cfg,
+                                      weight_bounds=WEIGHT_BOUNDS.get(name))
+    q = _QUEUE
+    report = None if q is None else (lambda h: q.put((name, h)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        res = train(model, data, cfg, name, progress, on_epoch=report)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+    res.nonconvergence = (sum(m.startswith("forward") for m in msgs),
+                          sum(m.startswith("backward") for m in msgs))
+    out: dict[str, Any] = {"result": res}
+    if isinstance(model, EquilibriumClassifier):
+        res.verification = verify_model(model, data[2], cfg.verify_inputs)
+        with torch.no_grad():
+            out["features"] = model.features(data[2]).numpy().ravel()
+        out["eq_weights"] = effective_weights(model.eq)
+    return out
+
+
+class Trainer:
+    """Runs ``train_job`` for every model: in ``cfg.workers`` spawned processes (one thread
+    each), with one tqdm bar per model fed by the workers, or in this process if workers ≤ 1."""
+
+    def __init__(self, cfg: DemoConfig, mlp_params: int, progress: bool = True):
+        self.cfg, self.mlp_params, self.progress = cfg, mlp_params, progress
+        self.futures: dict[str, Future] = {}
+        self.pool: ProcessPoolExecutor | None = None
+        self.queue: Any = None
+
+    def start(self) -> None:
+        """Submit the jobs (they start training at once)."""
+        if self.cfg.workers <= 1:
+            return
+        ctx = multiprocessing.get_context("spawn")
+        self.queue = ctx.Queue()
+        self.pool = ProcessPoolExecutor(self.cfg.workers, mp_context=ctx,
+                                        initializer=_init_worker, initargs=(self.queue,))
+        self.futures = {n: self.pool.submit(train_job, n, self.cfg, self.mlp_params)
+                        for n in TRAIN_ORDER}
+
+    def collect(self) -> dict[str, dict]:
+        """Wait for every job (progress bars meanwhile); results keyed by model name."""
+        if self.pool is None:
+            return {n: train_job(n, self.cfg, self.mlp_params, self.progress)
+                    for n in TRAIN_ORDER}
+        from tqdm import tqdm
+
+        bars = {n: tqdm(total=self.cfg.epochs, desc=f"{n:<24}", position=i, leave=True,
+                        disable=not self.progress) for i, n in enumerate(TRAIN_ORDER)}
+        try:
+            while not all(f.done() for f in self.futures.values()) or not self.queue.empty():
+                try:
+                    n, h = self.queue.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                bars[n].update(1)
+                bars[n].set_postfix(loss=f"{h['loss']:.3f}", acc=f"{h['test_acc']:.3f}")
+            return {n: f.result() for n, f in self.futures.items()}
+        finally:
+            for b in bars.values():
+                b.close()
+            self.pool.shutdown(cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------- verification
@@ -283,20 +384,26 @@ def table(results: list[Result]) -> str:
 
 
 # ----------------------------------------------------------------------------- main
-def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool = True) -> dict:
-    """Run the whole demo; returns the results (also written to ``out``)."""
+def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool = True,
+        workers: int | None = None) -> dict:
+    """Run the whole demo; returns the results (also written to ``out``).  ``workers``:
+    training processes (default ``DemoConfig.workers`` = 2; 1 trains in this process)."""
     import lowering
 
     # the layers are small: one thread avoids OpenMP hand-off/spin costs that dominate tiny
     # convolutions (and make them 100x slower when the machine is busy)
     torch.set_num_threads(1)
     cfg = DemoConfig.quick_config() if quick else DemoConfig()
+    if workers is not None:
+        cfg.workers = int(workers)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     objs = objectives(cfg)
     derived = {name: lowering.lower(o) for name, o in objs.items()}
     base = derived["OptEq"]
+    trainer = Trainer(cfg, n_params(EquilibriumClassifier(base, cfg)), progress)
+    trainer.start()  # workers train while this process prints and verifies
     print("=" * 78)
     print("1. OptEq hidden objective (conv W, Theorem 1) and its derived layer")
     print("=" * 78)
@@ -318,26 +425,16 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
     print("\n" + "=" * 78)
     print("3. Training every derived layer on load_digits (1437 train / 360 test)")
     print("=" * 78)
-    results, trained = [], {}
-    for name, d in derived.items():
-        torch.manual_seed(cfg.seed)
-        model = EquilibriumClassifier(d, cfg, weight_bounds=WEIGHT_BOUNDS.get(name))
-        results.append(train(model, data, cfg, name, progress))
-        trained[name] = model
-    mlp = mlp_with(results[0].params)
-    results.append(train(mlp, data, cfg, "MLP (same #params)", progress))
-    _phase("training", t_start)
-    k = cfg.verify_inputs
-    for r in results:
-        if r.name in trained:
-            r.verification = verify_model(trained[r.name], xte, k)
-    _phase("verification of trained layers", t_start)
+    print(f"({max(1, cfg.workers)} worker process(es), one thread each; every trained layer is "
+          f"then verified on {cfg.verify_inputs} test input(s))")
+    jobs = trainer.collect()
+    results = [jobs[n]["result"] for n in (*derived, MLP)]
+    _phase("training + verification of the trained layers", t_start)
     print()
     print(table(results))
-    traces = residual_traces(base, effective_weights(trained["OptEq"].eq), xte[:64])
-    with torch.no_grad():
-        sparsity = {n: trained[n].features(xte).numpy().ravel()
-                    for n in ("OptEq", "OptEq + ℓ1")}
+    print(nonconvergence_note(results, cfg))
+    traces = residual_traces(base, jobs["OptEq"]["eq_weights"], xte[:64])
+    sparsity = {n: jobs[n]["features"] for n in ("OptEq", "OptEq + ℓ1")}
     plots = write_plots(out, results, traces, sparsity)
     total = time.perf_counter() - t_start
     report = _report(cfg, derived, results, plots, traces, sparsity, total)
@@ -347,6 +444,16 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
          "results": [r.__dict__ for r in results]}, indent=2, default=float))
     print(f"\nwrote {out / 'report.md'} (+ {', '.join(plots)}, results.json) in {total:.0f} s")
     return {"results": results, "total_seconds": total, "out": str(out)}
+
+
+def nonconvergence_note(results: list[Result], cfg: DemoConfig) -> str:
+    """How many training steps hit ``max_iter`` (forward) / ``2·max_iter`` (adjoint)."""
+    parts = [f"{r.name}: {f} forward / {b} adjoint" for r in results
+             for f, b in [r.nonconvergence] if f or b]
+    if not parts:
+        return "every forward and adjoint solve during training reached its tolerance"
+    return (f"training steps whose solve stopped at the iteration cap before tol {cfg.tol:g} "
+            f"(the step still used the last iterate): {'; '.join(parts)}")
 
 
 def _phase(name: str, t0: float) -> None:
@@ -371,6 +478,7 @@ def _report(cfg: DemoConfig, derived: dict, results: list[Result], plots: list[s
     for name, d in derived.items():
         lines += [f"### {name}", "", "```", d.describe(), "```", ""]
     lines += ["## Training on load_digits", "", table(results), "",
+              nonconvergence_note(results, cfg), "",
               "![training curves](training_curves.png)", "",
               "## Solvers on the trained OptEq layer", "",
               "| solver | iterations shown | final mean residual |", "|---|---|---|"]

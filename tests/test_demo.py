@@ -22,3 +22,13 @@ def test_quick_demo_writes_report_and_plots(tmp_path: Path) -> None:
     for r in out["results"][:4]:
         assert "cvxpy" in r.verification or "local" in r.verification
     print(f"quick demo: {out['total_seconds']:.1f} s")
+
+
+def test_parallel_training_reproduces_in_process_training(tmp_path: Path) -> None:
+    """Workers are spawned processes seeded like the in-process path: identical histories."""
+    one = run(out=tmp_path / "one", quick=True, progress=False, workers=1)
+    two = run(out=tmp_path / "two", quick=True, progress=False, workers=2)
+    for a, b in zip(one["results"], two["results"]):
+        assert a.name == b.name
+        assert a.history == b.history  # bit-identical: same seeds, same single-threaded kernels
+        assert a.accuracy == b.accuracy
