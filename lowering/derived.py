@@ -58,8 +58,11 @@ class DerivedLayer:
     # ------------------------------------------------------------------ evaluation
     def apply(self, Z: Mapping[str, torch.Tensor], env: Env | None = None
               ) -> dict[str, torch.Tensor]:
-        """One application of ``T`` to flat batched block values (inputs also in ``Z``)."""
-        return {b.name: self.nodes[b.name].eval(Z, env) for b in self.blocks}
+        """One application of ``T`` to flat batched block values (inputs also in ``Z``); a
+        block update that does not depend on the batch (e.g. ``z ← −c``) is broadcast to it."""
+        batch = max((v.shape[0] for v in Z.values() if v.ndim == 2), default=1)
+        return {b.name: broadcast_batch(self.nodes[b.name].eval(Z, env), batch)
+                for b in self.blocks}
 
     def split(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Flat stacked state ``(B, N)`` → per-block dict."""
@@ -137,3 +140,10 @@ class DerivedLayer:
         from .module import EquilibriumModule
 
         return EquilibriumModule(self, **options)
+
+
+def broadcast_batch(v: torch.Tensor, batch: int) -> torch.Tensor:
+    """``(1, n)`` → ``(batch, n)`` (a batch-independent update); other shapes unchanged."""
+    if v.ndim == 2 and v.shape[0] == 1 and batch != 1:
+        return v.expand(batch, -1).contiguous()
+    return v

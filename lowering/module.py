@@ -24,7 +24,7 @@ from convex_eq.errors import (
 )
 from convex_eq.symbols import Symbol
 
-from .derived import DerivedLayer
+from .derived import DerivedLayer, broadcast_batch
 from .sam import SAMConfig, sam_iterate
 from .solvers import SolverStats, get_solver, rel_residual
 from .weight_control import WeightControl
@@ -160,7 +160,7 @@ class EquilibriumModule(nn.Module):
         if len(self.blocks) == 1:  # one block: no split / cat copies
             b = self.blocks[0]
             Z[b.name] = z
-            return self.derived.nodes[b.name].eval(Z, env)
+            return broadcast_batch(self.derived.nodes[b.name].eval(Z, env), z.shape[0])
         Z.update(self.derived.split(z))
         out = self.derived.apply(Z, env)
         return torch.cat([out[b.name] for b in self.blocks], dim=-1)

@@ -50,11 +50,15 @@ class SolverStats:
 
 
 def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """``||f(z) - z|| / max(||f(z)||, 1e-30)`` per sample."""
+    """``||f(z) - z|| / max(||f(z)||, 1e-30)`` per sample.  Norms of float32/16 states are
+    accumulated in float64: ``Σv²`` overflows float32 once ``|v| ≳ 1e19`` and ``x/inf = 0``
+    would report a wrong iterate as converged."""
     if fz.ndim != 2:
         fz, z = fz.flatten(1), z.flatten(1)
+    acc = torch.float64 if fz.dtype in (torch.float32, torch.float16, torch.bfloat16) else None
     norm = torch.linalg.vector_norm
-    return norm(fz - z, dim=1) / norm(fz, dim=1).clamp_min(1e-30)
+    r = norm(fz - z, dim=1, dtype=acc) / norm(fz, dim=1, dtype=acc).clamp_min(1e-30)
+    return r if acc is None else r.to(fz.dtype)
 
 
 class _Tracker:

@@ -2,7 +2,8 @@
 
 * ``"spectral_norm"``: reparametrize ``W ↦ W · min(1, (bound − margin)/σ̂(W))`` with a persistent
   power-iteration estimate ``σ̂`` (differentiable, like ``torch.nn.utils.spectral_norm``);
-* ``"project"``: rescale the stored parameter in place (no gradient) before each forward.
+* ``"project"``: rescale the stored parameter in place (no gradient) before each training
+  forward (eval forwards rescale functionally and leave the parameter alone).
 """
 
 from __future__ import annotations
@@ -63,33 +64,48 @@ class WeightControl:
             module.register_buffer(f"wc_v_{name}", v / v.norm())
 
     def _power(self, module: Any, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
-        self._update_vector(module, op, name, env, iters)
-        # a clone: the buffer is updated in place by the next forward, which must not invalidate
-        # this graph (two forwards before one backward; as torch.nn.utils.spectral_norm does)
-        v = getattr(module, f"wc_v_{name}").clone()
-        return op.apply(v, env).norm()  # differentiable σ̂ = ||A v||, ||v|| = 1
+        """Differentiable ``σ̂ = ||A v||`` (``||v|| = 1``) after warm-started power iteration."""
+        v = self._power_vector(module, op, name, env, iters)
+        return op.apply(v, env).norm()
 
     @torch.compiler.disable
-    def _update_vector(self, module: Any, op: Any, name: str, env: dict, iters: int) -> None:
+    def _power_vector(self, module: Any, op: Any, name: str, env: dict,
+                      iters: int) -> torch.Tensor:
+        """Power iteration on ``AᵀA`` from the stored vector; stops once ``σ̂²`` changes by
+        < 1e-5.  Training mode writes the vector back (persistent warm start, as
+        ``torch.nn.utils.spectral_norm``); eval mode does not, so that repeated eval forwards
+        are bit-identical.  Returns a fresh tensor: later in-place buffer updates cannot
+        invalidate a graph that used it (two forwards before one backward)."""
         w = env[name]
         buf = getattr(module, f"wc_v_{name}")
-        v = buf.to(w) if (buf.dtype != w.dtype or buf.device != w.device) else buf
+        if buf.shape != (1, op.in_size):
+            from convex_eq.errors import ShapeError
+
+            raise ShapeError(f"power-iteration buffer wc_v_{name} has shape "
+                             f"{tuple(buf.shape)}, expected {(1, op.in_size)}",
+                             term=f"wc_v_{name}",
+                             hint="load a state_dict saved from a module of the same layer")
+        v = buf.to(w)
         with torch.no_grad():
             detached = {**env, name: w.detach()}
             prev = 0.0
-            for _ in range(iters):  # warm-started; stops once σ̂² changes by < 1e-5
+            for _ in range(iters):
                 u = op.adjoint(op.apply(v, detached), detached)
                 un = float(u.norm())
                 v = u / max(un, 1e-30)
                 if abs(un - prev) <= 1e-5 * un:
                     break
                 prev = un
-            buf.copy_(v.to(buf))
+            if module.training:
+                buf.copy_(v.to(buf))
+        return v
 
     def __call__(self, module: Any, env: dict) -> dict:
+        """The controlled weights (``project`` rescales the parameter in place in training
+        mode only; in eval mode both modes rescale functionally, leaving parameters alone)."""
         env = dict(env)
         for op, name, target in self.targets:
-            if self.mode == "project":
+            if self.mode == "project" and module.training:
                 with torch.no_grad():
                     sig = self._power(module, op, name, env, 30)
                     if sig > target:

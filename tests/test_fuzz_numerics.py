@@ -95,15 +95,7 @@ def _check_backward(module, case: ModuleCase) -> None:
     record("stress-backward", "warned" if warned else "finite-gradients")
 
 
-@pytest.mark.parametrize("control", [
-    None,
-    pytest.param("project", marks=pytest.mark.xfail(
-        reason="weight control re-runs its warm-started power iteration in every forward, also "
-        "in eval mode: repeated eval forwards drift (~3e-7 at tol 1e-12); reported, not fixed "
-        "here (lowering/weight_control.py is being changed by its owner)", strict=False)),
-    pytest.param("spectral_norm", marks=pytest.mark.xfail(
-        reason="same as 'project'", strict=False)),
-])
+@pytest.mark.parametrize("control", [None, "project", "spectral_norm"])
 def test_eval_forward_is_deterministic(control: str | None) -> None:
     """In eval mode the same input gives bit-identical outputs, call after call."""
     d = build_derived("opteq", "relu", 0.999, 0)[0]

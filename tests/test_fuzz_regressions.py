@@ -315,3 +315,60 @@ def test_verify_an_input_free_envelope_whose_lifted_problem_has_no_smooth_part(w
     report = verify.check(lowering.lower(phi), {})
     assert report.passed, report
     assert report.label == "minimizer"
+
+
+# ----------------------------------------------------------------- lowering/weight_control.py
+@pytest.mark.parametrize("shape", [(1, 4), (3,), (3, 1), (1, 3, 2)])
+def test_wrongly_shaped_power_iteration_buffer_raises_naming_it(shape: tuple[int, ...]) -> None:
+    """A wc_v_* buffer of the wrong shape was accepted (broadcast) or failed inside torch."""
+    m = lowering.lower(models.opteq(n=3, m=3, d=2, form="conjugate", weight_norm=1.3)
+                       ).torch_module(weight_control="spectral_norm", dtype=T64)
+    assert m.wc_v_W.shape == (1, 3)
+    m.wc_v_W = torch.ones(shape, dtype=T64)
+    with pytest.raises(ce.ShapeError) as err:
+        m(torch.randn(2, 2, dtype=T64))
+    assert err.value.term == "wc_v_W"
+
+
+def test_eval_forward_does_not_move_the_power_vector_and_keeps_the_bound() -> None:
+    """Eval forwards leave the buffer and the parameters alone (bit-identical repeats) and
+    still enforce ||W||₂ ≤ bound − margin, also on a module never run in training mode."""
+    d = lowering.lower(models.opteq(n=6, m=6, d=3, form="conjugate", weight_norm=1.4, seed=1))
+    for mode in ("spectral_norm", "project"):
+        m = d.torch_module(weight_control=mode, margin=0.05, dtype=T64).eval()
+        v0, w0 = m.wc_v_W.clone(), m.weights["W"].detach().clone()
+        with torch.no_grad():
+            outs = [m(torch.ones(2, 3, dtype=T64)) for _ in range(3)]
+            w_eff = m.env()["W"]
+        assert all(torch.equal(o, outs[0]) for o in outs)
+        assert torch.equal(m.wc_v_W, v0) and torch.equal(m.weights["W"], w0)
+        assert float(torch.linalg.matrix_norm(w_eff, 2)) <= 0.95 + 1e-4
+
+
+# ----------------------------------------------------------------- lowering/derived.py
+def test_a_batch_independent_update_is_broadcast_to_the_batch() -> None:
+    """``Σf_id(z) + ½||z||² + c<b, z>`` lowers to ``z ← −c·b``: T returned shape (1, n) for a
+    batch of 2 (found by the thorough fuzz)."""
+    z = State("z1", (1, 2, 2))
+    b = ce.Constant("b2", np.arange(4.0))
+    d = lowering.lower(Objective([Potential("identity", z), SqNorm(z), Linear(b, z) * 0.5]))
+    out = d.apply({"z1": torch.zeros(2, 4, dtype=T64)})["z1"]
+    assert out.shape == (2, 4)
+    assert torch.equal(out[1], -0.5 * torch.arange(4.0, dtype=T64))
+    m = d.torch_module(dtype=T64)
+    assert m.T(torch.zeros(3, 4, dtype=T64), {}, m.env()).shape == (3, 4)
+
+
+# ----------------------------------------------------------------- lowering/solvers.py
+def test_float32_residual_norm_does_not_overflow_into_false_convergence() -> None:
+    """At |x| ~ 1e20 a float32 ``||·||`` overflowed to inf and ``r/inf = 0`` reported a wrong
+    iterate (67 % off) as converged (found by the thorough fuzz)."""
+    from lowering.solvers import rel_residual
+
+    fz = torch.tensor([[3e19, -4e19, 2e20]])
+    r = rel_residual(fz, fz * (1 + 1e-3))
+    assert r.dtype == torch.float32 and abs(float(r) - 1e-3) < 1e-6  # float32 rounding of 1e-3
+    d = lowering.lower(models.opteq(n=5, m=4, d=3, form="conjugate", weight_norm=0.999, seed=3))
+    m = d.torch_module(dtype=torch.float32, tol=1e-7, max_iter=3, on_nonconvergence="raise")
+    with pytest.raises(ce.ConvergenceError):
+        m(torch.tensor([[8.0328e19, 1.7483e19, 8.8978e18]]))

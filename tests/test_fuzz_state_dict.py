@@ -91,7 +91,11 @@ def test_loading_weights_of_the_wrong_shape_raises_naming_the_parameter(case: Mo
     for name, t in m.state_dict().items():
         assert torch.equal(t, sd[name])
     if key.startswith("wc_"):  # weight control's own power-iteration state, not a layer weight
-        record("state_dict", "wrong-shape:wc:load-raises-naming")
+        setattr(m, key, bad[key])  # put in place directly: forward names the buffer
+        with pytest.raises(ce.ShapeError) as err:
+            m(case.x)
+        assert key in str(err.value), f"forward error does not name {key}: {err.value}"
+        record("state_dict", "wrong-shape:wc:raises-naming")
         return
     # a wrongly shaped tensor put in place directly: forward names the parameter
     name = key.split(".", 1)[1] if key.startswith("weights.") else key
