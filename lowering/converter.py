@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from convex_eq.activations import Activation, get_activation
-from convex_eq.errors import LoweringError
+from convex_eq.errors import LoweringError, NonFiniteError, ScaleError
 from convex_eq.objective import Objective
 from convex_eq.symbols import State, Weight
 from convex_eq.terms.potential import Antiderivative
@@ -96,10 +96,22 @@ def convert(seq: nn.Sequential, m: int | None = None, seed: int = 0) -> Converte
     if m < need:
         raise LoweringError(f"m = {m} < max(n_k + n_(k+1)) = {need}", term="convert",
                             hint="Lemma 2 needs m ≥ n_k + n_{k+1}")
+    for k, (lin, _) in enumerate(layers):
+        for what, t in (("weight", lin.weight), ("bias", lin.bias)):
+            if t is not None and not bool(torch.isfinite(t).all()):
+                raise NonFiniteError(f"Linear layer {k + 1} has a non-finite {what}",
+                                     term=f"convert: Linear {k + 1}",
+                                     hint="convert a network with finite parameters")
     g = np.random.default_rng(seed)
     wbar = [np.linalg.qr(g.standard_normal((m, sizes[0])))[0].T]  # orthonormal rows
     for k, (lin, _) in enumerate(layers):
         a = lin.weight.detach().double().cpu().numpy()
+        amax = float(np.abs(a).max(initial=0.0))
+        if amax and not 1e-100 <= amax <= 1e100:
+            raise ScaleError(f"Linear layer {k + 1} has weights of magnitude {amax:.1e}: the "
+                             "Lemma 2 factors W̄ and μ = L_σ||W̄||₂² leave float64 range",
+                             term=f"convert: Linear {k + 1}",
+                             hint="rescale the layer (weights within 1e-100 … 1e100)")
         prev = wbar[-1]
         base = a @ np.linalg.pinv(prev.T)
         proj = np.eye(m) - np.linalg.pinv(prev) @ prev  # onto the complement of row space
@@ -121,7 +133,12 @@ def convert(seq: nn.Sequential, m: int | None = None, seed: int = 0) -> Converte
         w = Weight(f"Wbar{k + 1}", wbar[k + 1].shape, wbar[k + 1])
         c = Weight(f"c{k}", biases[k].shape, biases[k])
         u = State(f"u{k}", m)
-        mu = acts[k].lipschitz * float(np.linalg.norm(wbar[k + 1], 2)) ** 2
+        nrm = float(np.linalg.norm(wbar[k + 1], 2))
+        mu = acts[k].lipschitz * nrm * nrm
+        if not (np.isfinite(mu) and mu > 0):
+            raise ScaleError(f"factor W̄{k + 1} has ||W̄||₂ = {nrm:.1e}: μ = L_σ||W̄||₂² = {mu:g} "
+                             "is outside float64 range", term=f"convert: Linear {k + 1}",
+                             hint="rescale the network's weights towards unit scale")
         psi = Antiderivative(acts[k], w @ u + c) * (1.0 / mu)
         objectives.append(Objective([psi.conjugate(), -SqNorm(u)], name=f"phi{k}"))
         mus.append(mu)

@@ -372,3 +372,22 @@ def test_float32_residual_norm_does_not_overflow_into_false_convergence() -> Non
     m = d.torch_module(dtype=torch.float32, tol=1e-7, max_iter=3, on_nonconvergence="raise")
     with pytest.raises(ce.ConvergenceError):
         m(torch.tensor([[8.0328e19, 1.7483e19, 8.8978e18]]))
+
+
+# ----------------------------------------------------------------- lowering/converter.py
+@pytest.mark.parametrize("scale, error", [(1e-274, ce.ScaleError), (1e160, ce.ScaleError),
+                                          (math.nan, ce.NonFiniteError),
+                                          (math.inf, ce.NonFiniteError)])
+def test_converter_refuses_weights_outside_float64_range_naming_the_layer(
+        scale: float, error: type) -> None:
+    """ZeroDivisionError (1e-274: μ underflowed), OverflowError (1e160) and a LinAlgError
+    (NaN/Inf) escaped ``lowering.convert`` before."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    with torch.no_grad():
+        net[0].weight.mul_(scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(error) as err:
+            lowering.convert(net)
+    assert err.value.term == "convert: Linear 1"
