@@ -100,6 +100,8 @@ def _term_grad_text(term: Term, block: Symbol, sign: float, latex: bool) -> str:
                 adj = (f"{e.op.latex()}^\\top" if latex else f"{e.op}ᵀ")
                 body = f"{adj}({gg})"
             coef = "" if cc == 1.0 else ("-" if cc == -1.0 else f"{cc:g}·")
+            if (coef or sc) and e.op is None and (" + " in body or " - " in body):
+                body = f"({body})"  # −(z − U x), not −z − U x
             parts.append(f"{coef}{sc}{body}")
     if not parts:
         name = term.latex() if latex else str(term)

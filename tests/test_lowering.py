@@ -473,3 +473,22 @@ def test_cvxpylayers_backend_matches_fixed_point_module() -> None:
         d.torch_module(backend="cvxpylayers", solver="anderson")
     with pytest.raises(ce.OptionError, match="unknown backend"):
         d.torch_module(backend="jax")
+
+
+def test_forward_backward_with_only_smooth_terms_uses_one_as_the_prox_term() -> None:
+    """``M^μ[c||z||₁](z) + ½||z − Ux||²`` (all smooth): one prox-able term becomes g, the
+    printed gradient step keeps its parentheses, and T's fixed point is the minimizer."""
+    z, x = ce.State("z", 4), ce.Input("x", 3)
+    U = ce.Weight("U", (4, 3), np.random.default_rng(0).normal(size=(4, 3)))
+    phi = ce.moreau(ce.L1(z) * 0.3, 0.5) + ce.SqNorm(z - U @ x)
+    d = lowering.lower(phi)
+    assert d.derivation.steps[-1].rule == "forward–backward fallback"
+    assert "(z - (z - U x))" in d.describe()
+    xv = torch.as_tensor(np.random.default_rng(1).normal(size=(2, 3)))
+    m = d.torch_module(dtype=T64, tol=1e-12, max_iter=500)
+    zs = m(xv).detach()
+    u = xv @ torch.as_tensor(U.value).T  # the unregularized minimizer, which z* must not be
+    zz = zs.clone().requires_grad_()
+    g = torch.autograd.grad(phi.value_tensor({"z": zz, "x": xv}).sum(), zz)[0]
+    assert float(g.abs().max()) < 1e-9, "gradient of the (smooth) objective vanishes at z*"
+    assert not torch.allclose(zs, u)

@@ -28,6 +28,14 @@ def match(obj: Any) -> FBMatch | None:
         return None
     nonsmooth = [t for t in obj.terms if not t.smooth]
     smooth = [t for t in obj.terms if t.smooth]
+    if not nonsmooth and len(smooth) > 1:
+        # all smooth (e.g. a Moreau envelope + ½||z − Ux||²): take one prox-able term as g,
+        # preferring one that is not itself an envelope (its prox is the simpler closed form)
+        cands = sorted((t for t in smooth if proxable(t)),
+                       key=lambda t: type(t).__name__ == "MoreauEnvelope")
+        if cands:
+            return FBMatch(cands[0], [t for t in smooth if t is not cands[0]])
+        return None
     if len(nonsmooth) != 1 or not proxable(nonsmooth[0]) or not smooth:
         return None
     return FBMatch(nonsmooth[0], smooth)
