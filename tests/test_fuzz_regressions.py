@@ -391,3 +391,16 @@ def test_converter_refuses_weights_outside_float64_range_naming_the_layer(
         with pytest.raises(error) as err:
             lowering.convert(net)
     assert err.value.term == "convert: Linear 1"
+
+
+# ----------------------------------------------------------------- lowering/rules/moreau_skip.py
+def test_general_envelope_rule_of_a_weakly_convex_inner_function_bounds_lip_honestly() -> None:
+    """``0.25·M^0.5[||z||₁ − ½||z||²]`` claimed "prox of a convex function is nonexpansive"
+    (Lip 1); T expands by up to a/(1 + tq) + 1 − a = 2 (found by the thorough fuzz)."""
+    z = State("z1", 1)
+    d = lowering.lower(moreau(L1(z) - SqNorm(z), ce.Scalar("mu2", 0.5)) * 0.25)
+    bound = d.contraction.value(None)
+    assert bound == pytest.approx(2.0, rel=1e-12)
+    a, b = torch.tensor([[1.0]], dtype=T64), torch.tensor([[1.1]], dtype=T64)  # past 0.75
+    ratio = float((d.apply({"z1": a})["z1"] - d.apply({"z1": b})["z1"]).norm() / 0.1)
+    assert 1.0 < ratio <= bound * (1 + 1e-12)

@@ -79,8 +79,25 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
 
         cert = certificate(env_term.inner)
         claim = claim_from_certificate(obj, cert, f"minimizer of {env_term.inner}")
-        contraction = Contraction("1 (prox of a convex function is nonexpansive)", "1",
-                                  lambda env: 1.0)
+        contraction = _general_contraction(env_term, a, t_sum)
     return DerivedLayer(source=obj, blocks=[z], nodes={z.name: node}, derivation=d, claim=claim,
                         contraction=contraction, is_prox=exact, certificate=cert,
                         info={"inner": inner, "alpha": a})
+
+
+def _general_contraction(env_term: MoreauEnvelope, a: float, t: float) -> Contraction:
+    """``Lip(a·prox_{tφ} + (1−a)I)`` for ``φ = g + (q/2)||·||² + linear`` (``g`` convex):
+    ``prox_{tφ}(v) = prox_{t/(1+tq) g}((v − t·lin)/(1 + tq))`` is ``1/(1 + tq)``-Lipschitz, so
+    the layer is nonexpansive for ``q ≥ 0`` and ``a/(1 + tq) + 1 − a``-Lipschitz for ``q < 0``
+    (a weakly convex φ; ``1 + tq > 0`` is checked by ``no_prox``)."""
+    from convex_eq.terms.quadratic import SqNorm
+
+    q = sum(term.coef(None) for term in env_term.inner.terms
+            if isinstance(term, SqNorm) and term.prox_state is env_term.state)
+    if q >= 0:
+        return Contraction("1 (prox of a convex function is nonexpansive)", "1", lambda env: 1.0)
+    lip = a / (1.0 + t * q) + (1.0 - a)
+    return Contraction(
+        f"a/(1 + t·q) + 1 − a with a = {a:g}, t = μ+λ = {t:g}, q = {q:g} (prox of a weakly "
+        f"convex φ is 1/(1 + t·q)-Lipschitz)",
+        "\\frac{a}{1 + tq} + 1 - a", lambda env, v=lip: v)
