@@ -278,6 +278,9 @@ class Trainer:
                 try:
                     n, h = self.queue.get(timeout=0.2)
                 except queue.Empty:
+                    for n, f in self.futures.items():  # freeze a finished model's bar
+                        if f.done() and bars[n].n >= self.cfg.epochs:
+                            bars[n].close()
                     continue
                 bars[n].update(1)
                 bars[n].set_postfix(loss=f"{h['loss']:.3f}", acc=f"{h['test_acc']:.3f}")
