@@ -24,7 +24,7 @@ class Config:
     """Sizes and repetition counts of one benchmark run (full or ``--quick``)."""
 
     quick: bool = False
-    threads: int = 2
+    threads: int = 1
     seed: int = 0
     ms: tuple[int, ...] = (32, 128, 512)
     batches: tuple[int, ...] = (1, 32, 256)
@@ -43,7 +43,7 @@ class Config:
     verify_models: tuple[str, ...] | None = None  # None: verify every seed model
 
     @classmethod
-    def make(cls, quick: bool, threads: int = 2, seed: int = 0) -> Config:
+    def make(cls, quick: bool, threads: int = 1, seed: int = 0) -> Config:
         """The full configuration, or the < 60 s smoke configuration."""
         if not quick:
             return cls(quick=False, threads=threads, seed=seed)
@@ -177,11 +177,11 @@ def median(xs: list[float]) -> float:
 
 
 def calibrate(threads: int) -> dict[str, float]:
-    """Median time of a small matmul with ``threads`` and with 1 thread (detects CPU contention:
+    """Median time of a small matmul with 1, 2 and ``threads`` threads (detects CPU contention:
     with OpenMP workers descheduled, tiny multithreaded kernels can take milliseconds)."""
     a, b = torch.randn(32, D_STATE), torch.randn(128, D_STATE)
     out = {}
-    for nt in sorted({threads, 1}):
+    for nt in sorted({threads, 1, 2}):
         torch.set_num_threads(nt)
         for _ in range(5):
             a @ b.T

@@ -92,10 +92,14 @@ def markdown(res: dict[str, Any]) -> str:
         parts += ["Calibration (32×64 · 64×128 matmul, median): " + ", ".join(
             f"{k.replace('matmul_32x64x128_us_', '')} {v:.0f} µs" for k, v in cal.items()), ""]
         one = cal.get("matmul_32x64x128_us_1thr")
-        many = [v for k, v in cal.items() if not k.endswith("_1thr")]
-        if one and many and max(many) > 5 * one:
+        used = cal.get(f"matmul_32x64x128_us_{info['torch_threads']}thr")
+        two = cal.get("matmul_32x64x128_us_2thr")
+        if info["torch_threads"] == 1 and one and two:
+            parts += [f"This run uses 1 torch thread; here the 2-thread matmul takes "
+                      f"{two / one:.1f}× the 1-thread time.", ""]
+        if info["torch_threads"] > 1 and one and used and used > 5 * one:
             parts += [f"**Warning:** the {info['torch_threads']}-thread matmul is "
-                      f"{max(many) / one:.0f}× slower than the 1-thread one: the CPUs are "
+                      f"{used / one:.0f}× slower than the 1-thread one: the CPUs are "
                       "contended and torch's OpenMP workers stall; every multithreaded torch "
                       "timing below is inflated. Rerun on an idle machine or with --threads 1.",
                       ""]

@@ -27,7 +27,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="< 60 s smoke version (small sizes, few repetitions)")
     p.add_argument("--out", default="bench_out", help="output folder (bench.md, bench.json)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads (default 1: on small batched layers torch's "
+                   "OpenMP hand-off costs more than it saves — the calibration line of the "
+                   "report measures it — and cvxpylayers' SCS is single-threaded too)")
     p.add_argument("--only", action="append", choices=CASES,
                    help="run only this case (repeatable); default: all")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")

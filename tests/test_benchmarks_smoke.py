@@ -128,4 +128,4 @@ def test_subcommand_parser() -> None:
     add_parser(sub)
     args = p.parse_args(["bench", "--quick", "--out", "x", "--only", "qp"])
     assert args.quick and args.out == "x" and args.only == ["qp"] and callable(args.func)
-    assert build_parser().parse_args([]).threads == 2
+    assert build_parser().parse_args([]).threads == 1
