@@ -23,7 +23,7 @@ import torch
 
 from convex_eq.certificate import certify
 from convex_eq.composition import DeepComposition
-from convex_eq.errors import ExportError, OptionError
+from convex_eq.errors import ConvexEqError, ExportError, OptionError
 from convex_eq.objective import Objective
 from convex_eq.terms.moreau import MoreauEnvelope
 from lowering.derived import DerivedLayer
@@ -40,7 +40,7 @@ from .equilibrium import (
     single_thread,
 )
 from .gradients import gradient_check
-from .lifting import lift
+from .lifting import lift, minimize
 from .references import (
     CvxpyOutcome,
     cvxpy_reference,
@@ -176,6 +176,33 @@ class _Run:
         return p.projected_gradient(v) / max(1.0, float(np.linalg.norm(v)))
 
     # ---------------------------------------------------------------- references
+    _polish_pg: tuple[float, float] = (math.nan, math.nan)
+
+    def polish_reference(self, obj: Objective, b: int, states: Mapping[str, np.ndarray]
+                         ) -> dict[str, np.ndarray] | None:
+        """Polish a CVXPY point that disagrees with the layer: local minimization of the lifted
+        claim objective *from the CVXPY point* (independent of the layer).  Interior-point
+        solvers are only ~sqrt(gap)-accurate at degenerate minimizers (``z* = 0`` on ``z ≥ 0``
+        with a zero multiplier: ~3e-6 at gap 1e-11).  The polished point replaces the CVXPY
+        one only if it is at least as good and more stationary; ``None`` if not applicable."""
+        if getattr(obj, "precomposition", None) is not None:
+            return None
+        try:
+            p = lift(obj, self.sample_inputs_t(b), _env_for(obj, self.env))
+            v0 = p.lift_point({k: np.asarray(v, dtype=np.float64).reshape(-1)
+                               for k, v in states.items()})
+            if v0 is None or p.n > 512 or p.coupled:  # Newton polish: O(n) gradients
+                return None
+            f0, pg0 = p.value(v0), p.projected_gradient(v0)
+            res = minimize(p, v0)
+        except (ConvexEqError, ValueError, RuntimeError):
+            return None
+        if not (res.success and res.pg < pg0
+                and res.f <= f0 + 1e-12 * max(1.0, abs(f0))):
+            return None
+        self._polish_pg = (pg0, res.pg)
+        return p.states(res.v)
+
     def run_cvxpy(self, obj: Objective, label: str) -> bool:
         """CVXPY per sample; returns False (nothing recorded) if the objective is not DCP and
         the caller may fall back to the numeric reference."""
@@ -217,8 +244,17 @@ class _Run:
                 continue
             zl = self.layer_state(b)
             a, r = _flat(zl, self.compare_names), _flat(o.states, self.compare_names)
-            refs.append(r)
             s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+            if s.rel_error > self.tols.rel_error:
+                polished = self.polish_reference(obj, b, o.states)
+                if polished is not None:
+                    r = _flat(polished, self.compare_names)
+                    before = s.rel_error
+                    s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+                    s.notes.append(f"CVXPY point polished (projected gradient "
+                                   f"{self._polish_pg[0]:.1e} → {self._polish_pg[1]:.1e}); "
+                                   f"relative error {before:.2e} before polishing")
+            refs.append(r)
             s.reference_objective = o.value
             g = objective_value(obj, zl, self.sample_inputs_np(b), env, exported=o.exported,
                                 opts=self.opts)

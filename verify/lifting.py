@@ -32,8 +32,9 @@ import torch
 from convex_eq.errors import ConvexEqError, ShapeError
 from convex_eq.objective import Objective
 from convex_eq.terms.conjugate import SeparableAffineConjugate
+from convex_eq.terms.l1 import LinfBallIndicator
 from convex_eq.terms.moreau import MoreauEnvelope
-from convex_eq.terms.potential import Potential
+from convex_eq.terms.potential import Potential, PotentialConjugate
 
 T64 = torch.float64
 _aux_ids = itertools.count()
@@ -165,8 +166,9 @@ class LiftedProblem:
     def grad(self, v: np.ndarray) -> np.ndarray:
         return self.fun_grad(v)[1]
 
-    def smooth_grad(self, v: np.ndarray) -> np.ndarray:
-        """``∇h(v)``: autograd of every contribution except the prox terms."""
+    def smooth_grad(self, v: np.ndarray, raw: bool = False) -> np.ndarray:
+        """``∇h(v)``: autograd of every contribution except the prox terms (``raw``: NaN/Inf
+        kept; otherwise replaced by 0 / ±1e300 for the optimizers)."""
         vt = torch.as_tensor(np.array(v, dtype=np.float64)).requires_grad_()
         parts = self.split(vt)
         tot = torch.zeros((), dtype=T64)
@@ -178,6 +180,8 @@ class LiftedProblem:
         (g,) = torch.autograd.grad(tot, vt, allow_unused=True)
         if g is None:
             return np.zeros_like(v)
+        if raw:
+            return g.detach().numpy()
         return np.nan_to_num(g.detach().numpy(), nan=0.0, posinf=1e300, neginf=-1e300)
 
     def prox_step(self, w: np.ndarray, t: float = 1.0) -> np.ndarray:
@@ -197,7 +201,9 @@ class LiftedProblem:
         is not finite (nothing is stationary outside the domain)."""
         if not math.isfinite(self.value(v)):
             return math.inf
-        g = self.smooth_grad(v)
+        g = self.smooth_grad(v, raw=True)
+        if not np.all(np.isfinite(g)):  # e.g. a domain edge where ∇f_σ* = σ(∞): not stationary
+            return math.inf
         return float(np.linalg.norm(v - self.prox_step(v - g)))
 
     def states(self, v: np.ndarray) -> dict[str, np.ndarray]:
@@ -260,6 +266,16 @@ def _domain_bounds(act: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
 
 
+def _conjugate_domain_bounds(t: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Box ``dom f_σ*(·/c) = c·dom f_σ*``; open ends (strictly increasing σ, e.g. softplus:
+    ``(-∞, 0)``) are moved inside by 1e-12 — a start on the boundary is outside the domain."""
+    lo, hi = (t.c * v for v in t.act.conjugate_domain)
+    if t.act.smooth_potential:
+        lo = lo + 1e-12 * max(1.0, abs(lo)) if math.isfinite(lo) else lo
+        hi = hi - 1e-12 * max(1.0, abs(hi)) if math.isfinite(hi) else hi
+    return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
+
+
 def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool:
     """True if the envelope's inner objective has a closed-form prox (then its value is used)."""
     try:
@@ -316,6 +332,12 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
             if isinstance(t, Potential) and t.prox_state is s and t.coef(env) > 0:
                 a, b = _domain_bounds(t.act, s.size)
                 lo, hi = np.maximum(lo, a), np.minimum(hi, b)
+            elif isinstance(t, PotentialConjugate) and t.prox_state is s and t.coef(env) > 0:
+                a, b = _conjugate_domain_bounds(t, s.size)  # dom (c·Σf_σ)* = c·dom f_σ*
+                lo, hi = np.maximum(lo, a), np.minimum(hi, b)
+            elif isinstance(t, LinfBallIndicator) and t.prox_state is s and t.coef(env) > 0:
+                r = t.radius_value(env)  # ι(||z||∞ ≤ r) is the box [-r, r]ⁿ
+                lo, hi = np.maximum(lo, -r), np.minimum(hi, r)
         origin = "state" if not alias else "aux"
         blk = p.add_block(name, s.size, lo, hi, origin, name)
         p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
