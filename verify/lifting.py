@@ -34,7 +34,7 @@ from convex_eq.objective import Objective
 from convex_eq.terms.conjugate import SeparableAffineConjugate
 from convex_eq.terms.l1 import LinfBallIndicator
 from convex_eq.terms.moreau import MoreauEnvelope
-from convex_eq.terms.potential import Potential, PotentialConjugate
+from convex_eq.terms.potential import AntiderivativeConjugate, Potential, PotentialConjugate
 
 T64 = torch.float64
 _aux_ids = itertools.count()
@@ -329,7 +329,8 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
         lo = np.full(s.size, -np.inf)
         hi = np.full(s.size, np.inf)
         for t in obj.terms:
-            if isinstance(t, Potential) and t.prox_state is s and t.coef(env) > 0:
+            if isinstance(t, (Potential, AntiderivativeConjugate)) and t.prox_state is s and \
+                    t.coef(env) > 0:  # dom σ̃* = dom f_σ (σ̃* = f_σ + ½u²)
                 a, b = _domain_bounds(t.act, s.size)
                 lo, hi = np.maximum(lo, a), np.minimum(hi, b)
             elif isinstance(t, PotentialConjugate) and t.prox_state is s and t.coef(env) > 0:
