@@ -4,6 +4,8 @@
   of ``φ + γR`` (minimizers when it is convex) — exact.
 * prox variant, ``R`` with a prox: ``T(z) = prox_φ(prox_{γR}(z))``; fixed points = minimizers of
   ``φ + M^1_{γR}`` — NOT of ``φ + γR``.
+* both: ``T(z) = prox_φ(prox_{γR}(z) − γ'∇R'(z))`` (not nested): stationary points of
+  ``φ + γ'R' + M^1_{γR}``.
 """
 
 from __future__ import annotations
@@ -84,15 +86,25 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
         modified_text, modified_latex = str(new_obj), new_obj.latex()
     if prox_regs:
         r = prox_regs[0]
-        inner = Prox(r, inner)
+        if grad_regs:
+            # not prox_R(z − ∇R_g(z)): that has fixed points 0 ∈ ∂φ(z) + ∇R_g(z) +
+            # ∇M¹_R(z − ∇R_g(z)), the envelope's gradient at the wrong point.  With
+            # prox_R(z) − ∇R_g(z) = z − ∇M¹_R(z) − ∇R_g(z) both are evaluated at z.
+            inner = Combo([(1.0, Prox(r, Var(z))), (1.0, GradSum(grad_regs, z, sign=-1.0))])
+            note = (f"with the gradient edits: prox and gradients both at z, so fixed points "
+                    f"are stationary points of φ + {' + '.join(str(g) for g in grad_regs)} + "
+                    f"M^1[{r}] (its Moreau envelope), NOT of φ + … + {r}")
+        else:
+            inner = Prox(r, inner)
+            note = (f"fixed points are minimizers of φ + M^1[{r}] (its Moreau envelope), "
+                    f"NOT of φ + {r}")
         d.add(Step(
             "regularizer edit, prox variant (Theorem 4)",
             f"{r} has a closed-form prox",
             f"φ → φ + {r}", f"z ← prox_φ({inner.text()})",
             f"\\varphi \\to \\varphi + {r.latex()}",
             f"z \\leftarrow \\mathrm{{prox}}_\\varphi\\big({inner.latex()}\\big)",
-            note=f"fixed points are minimizers of φ + M^1[{r}] (its Moreau envelope), "
-                 f"NOT of φ + {r}",
+            note=note,
         ))
         new_obj = Objective([*new_obj.terms, MoreauEnvelope(r, 1.0)], name="phi+M[R]")
         modified_text, modified_latex = str(new_obj), new_obj.latex()
