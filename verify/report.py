@@ -82,6 +82,8 @@ class SampleResult:
     block_residuals: dict[str, float] = field(default_factory=dict)
     theorem3_distance: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: state differs from the reference but objective and stationarity match (convex claims)
+    argmin_not_unique: bool = False
 
 
 @dataclass
