@@ -485,3 +485,15 @@ def test_gradient_and_prox_regularizer_edits_together_are_not_nested() -> None:
     rep = _verified(phi)
     assert rep.passed, rep
     assert rep.label.startswith("modified minimizer")
+
+
+def test_verify_reports_a_second_minimizer_of_a_flat_convex_objective() -> None:
+    """``ι(||z||∞ ≤ 1) + ½M^½[Σf_leaky_relu]``: every z ∈ [0, 1]ⁿ is a minimizer; the layer and
+    CVXPY pick different ones (relative error 1.0, gap 0, stationarity 0) — a false FAIL."""
+    z = State("z1", 3)
+    phi = ce.LinfBallIndicator(z, 1.0) + moreau(Objective([Potential("leaky_relu", z)]), 0.5) * 0.5
+    rep = _verified(phi)
+    assert rep.passed, rep
+    s = rep.samples[0]
+    assert s.argmin_not_unique and s.rel_error > 0.5 and abs(s.gap) <= 1e-12
+    assert any("not a single point" in n for n in s.notes)

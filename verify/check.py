@@ -317,7 +317,8 @@ class _Run:
         failed (e.g. f_hardtanh = ι([-1, 1]ⁿ): every point of the box is a minimizer)."""
         if gap:
             for s in self.samples:
-                if (s.rel_error is not None and s.rel_error > rel_tol and s.gap is not None
+                if (s.rel_error is not None and s.rel_error > rel_tol
+                        and s.rel_error > self.tols.distinct_minimizer and s.gap is not None
                         and abs(s.gap) <= self.tols.gap and s.stationarity is not None
                         and s.stationarity <= self.tols.stationarity):
                     s.notes.append(

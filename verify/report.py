@@ -27,6 +27,10 @@ class Tolerances:
     #: (Clarabel at gap 1e-11 lands ~1e-9 off a minimizer that sits on a constraint boundary)
     scale_floor: float = 1e-2
     equilibrium: float = 1e-12  #: relative residual the tight Anderson solve stops at
+    #: a state error above this, with the reference's objective value (≤ gap) and independent
+    #: stationarity (≤ stationarity), is a second minimizer of a convex objective whose argmin
+    #: is not a point — reported, not failed; below it, differences are numerical and checked
+    distinct_minimizer: float = 1e-3
 
 
 @dataclass
