@@ -497,3 +497,14 @@ def test_verify_reports_a_second_minimizer_of_a_flat_convex_objective() -> None:
     s = rep.samples[0]
     assert s.argmin_not_unique and s.rel_error > 0.5 and abs(s.gap) <= 1e-12
     assert any("not a single point" in n for n in s.notes)
+
+
+def test_verify_nonsmooth_conjugate_potential_is_a_prox_term_of_the_lifted_problem() -> None:
+    """f*_hardtanh(w) = |w| is nonsmooth: L-BFGS-B stalled (reference projected gradient 1.2)
+    and the stationarity check took a gradient of |·| (0.83) — "reference solver failed"."""
+    rng = np.random.default_rng(0)
+    z = State("z1", 4)
+    c = ce.Constant("c", rng.normal(size=4) * 3)
+    rep = _verified(ce.PotentialConjugate("hardtanh", z) + SqNorm(z - c) * 1.78)
+    assert rep.passed, rep
+    assert max(s.stationarity for s in rep.samples) <= 1e-12

@@ -379,8 +379,10 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
 
             st = t.prox_state
             blk = alias.get(st.name, st.name) if st is not None else None
+            separable = getattr(t, "separable", False) or isinstance(
+                t, (PotentialConjugate, AntiderivativeConjugate))  # Σ_j g(u_j), 1-D proxes
             if (not t.smooth and not isinstance(t, Potential) and st is not None
-                    and getattr(t, "separable", False) and t.has_prox and t.coef(env) > 0
+                    and separable and t.has_prox and t.coef(env) > 0
                     and blk is not None and blk not in p.prox_terms
                     and any(b.name == blk for b in p.blocks) and scale == 1.0):
                 p.prox_terms[blk] = t
