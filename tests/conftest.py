@@ -19,7 +19,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
-    "thorough", max_examples=400, deadline=None,
+    "thorough", max_examples=1000, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 _default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
