@@ -64,7 +64,9 @@ def load_object(spec: str) -> Any:
     return obj
 
 
-def cmd_derive(args: argparse.Namespace) -> int:
+def load_and_lower(args: argparse.Namespace) -> Any:
+    """``lowering.lower`` of the object named by ``args.spec`` with the ``--regularizer`` /
+    ``--deep-form`` options (shared by ``derive`` and ``verify``)."""
     import lowering
 
     obj = load_object(args.spec)
@@ -73,7 +75,11 @@ def cmd_derive(args: argparse.Namespace) -> int:
         opts["regularizer"] = args.regularizer
     if args.deep_form:
         opts["deep_form"] = args.deep_form
-    layer = lowering.lower(obj, **opts)
+    return lowering.lower(obj, **opts)
+
+
+def cmd_derive(args: argparse.Namespace) -> int:
+    layer = load_and_lower(args)
     print(layer.latex() if args.latex else layer.describe())
     return 0
 

@@ -45,18 +45,11 @@ def random_inputs(derived: Any, batch: int, seed: int) -> dict[str, torch.Tensor
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Run ``verify.check`` on the loaded object; 0 if passed, 1 otherwise."""
-    import lowering
-    from convex_eq.cli import load_object
+    from convex_eq.cli import load_and_lower
 
     from .check import check
 
-    obj = load_object(args.spec)
-    opts = {}
-    if args.regularizer:
-        opts["regularizer"] = args.regularizer
-    if args.deep_form:
-        opts["deep_form"] = args.deep_form
-    derived = lowering.lower(obj, **opts)
+    derived = load_and_lower(args)
     x = random_inputs(derived, args.batch, args.x_seed)
     report = check(derived, x, gradients=args.gradients, starts=args.starts,
                    seed=args.x_seed, reference=args.reference)
