@@ -508,3 +508,25 @@ def test_verify_nonsmooth_conjugate_potential_is_a_prox_term_of_the_lifted_probl
     rep = _verified(ce.PotentialConjugate("hardtanh", z) + SqNorm(z - c) * 1.78)
     assert rep.passed, rep
     assert max(s.stationarity for s in rep.samples) <= 1e-12
+
+
+def test_verify_batch_coupled_objective_uses_the_batch_gradient() -> None:
+    """OptEq + batch decorrelation: the stationarity check lifted one sample at a time, where the
+    coupled term is a different function (residual 6e-2, false FAIL).  Now the smooth gradient is
+    the batch objective's; a layer for another coefficient still fails."""
+    import dataclasses
+
+    x = np.random.default_rng(0).normal(size=(5, 3))
+    phi = models.opteq(n=4, m=4, d=3, seed=0)
+    z = phi.states[0]
+    d = lowering.lower(phi + ce.BatchDecorrelation(z) * 0.05)
+    import verify
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = verify.check(d, x, starts=2)
+        assert rep.passed and rep.label == "stationary point", rep
+        assert max(s.stationarity for s in rep.samples) <= 1e-10
+        wrong = dataclasses.replace(d, source=phi + ce.BatchDecorrelation(z) * 0.5)
+        bad = verify.check(wrong, x, starts=2)
+    assert not bad.passed and any("stationarity" in f for f in bad.failures), bad
