@@ -160,12 +160,13 @@ class _Run:
         ``φ∘A`` at ``u = A(z)`` on ``φ`` (whose potentials then act on plain states)."""
         zs = {k: v.detach().to(T64).numpy() for k, v in self.states.items()}  # (B, size)
         pc = getattr(obj, "precomposition", None)
-        if pc is not None:
+        while pc is not None:  # φ∘A∘B…: down to the innermost φ at u = A(B(…z))
             m = pc.M.resolve(self.env).detach().to(T64).numpy()
             u = zs[pc.new.name] @ m.T
             if pc.c is not None:
                 u = u + pc.c.resolve(self.env).detach().to(T64).numpy().reshape(1, -1)
             obj, zs = pc.inner, {pc.old.name: u}
+            pc = getattr(obj, "precomposition", None)
         if len(obj.terms) == 1 and isinstance(obj.terms[0], MoreauEnvelope) and \
                 obj.terms[0].coef(self.env) > 0:
             obj = obj.terms[0].inner  # argmin λM^μ_φ = argmin φ (the Moreau skip claim)
@@ -193,12 +194,19 @@ class _Run:
         solvers are only ~sqrt(gap)-accurate at degenerate minimizers (``z* = 0`` on ``z ≥ 0``
         with a zero multiplier: ~3e-6 at gap 1e-11).  The polished point replaces the CVXPY
         one only if it is at least as good and more stationary; ``None`` if not applicable."""
-        if getattr(obj, "precomposition", None) is not None:
-            return None
+        st = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in states.items()}
+        chain = []  # φ∘A: polish φ at u = A(z), map back z = A⁻¹(u) (M invertible by the rule)
+        pc = getattr(obj, "precomposition", None)
+        while pc is not None:
+            m = pc.M.resolve(self.env).detach().to(T64).numpy()
+            c = (pc.c.resolve(self.env).detach().to(T64).numpy().reshape(-1)
+                 if pc.c is not None else np.zeros(m.shape[0]))
+            chain.append((pc, m, c))
+            obj, st = pc.inner, {pc.old.name: m @ st[pc.new.name] + c}
+            pc = getattr(obj, "precomposition", None)
         try:
             p = lift(obj, self.sample_inputs_t(b), _env_for(obj, self.env))
-            v0 = p.lift_point({k: np.asarray(v, dtype=np.float64).reshape(-1)
-                               for k, v in states.items()})
+            v0 = p.lift_point(st)
             if v0 is None or p.n > 512 or p.coupled:  # Newton polish: O(n) gradients
                 return None
             f0, pg0 = p.value(v0), p.projected_gradient(v0)
@@ -209,7 +217,10 @@ class _Run:
                 and res.f <= f0 + 1e-12 * max(1.0, abs(f0))):
             return None
         self._polish_pg = (pg0, res.pg)
-        return p.states(res.v)
+        out = p.states(res.v)
+        for pc, m, c in reversed(chain):
+            out = {pc.new.name: np.linalg.solve(m, np.asarray(out[pc.old.name]).reshape(-1) - c)}
+        return out
 
     def run_cvxpy(self, obj: Objective, label: str) -> bool:
         """CVXPY per sample; returns False (nothing recorded) if the objective is not DCP and
