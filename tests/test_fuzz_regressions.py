@@ -552,3 +552,15 @@ def test_verify_unwraps_nested_precompositions_and_polishes_through_them() -> No
     rep = _verified(ce.precompose(relu, np.linalg.qr(rng.normal(size=(4, 4)))[0]))
     assert rep.passed, rep
     assert any("polished" in n for n in rep.samples[0].notes)
+
+
+def test_verify_polishes_an_inaccurate_cvxpy_solution_instead_of_failing() -> None:
+    """``Σf_tanh(z) + ½||z||² − <c, z>``: Clarabel at gap 1e-11 ends 'optimal_inaccurate' (the
+    entropy cones); that was "reference solver failed".  The point is now polished by local
+    minimization and used only if it is stationary to the reference tolerance."""
+    z = State("z1", 4)
+    c = ce.Constant("c", np.random.default_rng(0).normal(size=4) * 3)
+    rep = _verified(Objective([Potential("tanh", z), SqNorm(z), -Linear(c, z)]))
+    assert rep.passed, rep
+    assert rep.reference.statuses == ["optimal_inaccurate → polished"]
+    assert rep.samples[0].rel_error <= 1e-12

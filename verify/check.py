@@ -240,6 +240,18 @@ class _Run:
                 self.rule("reference", False, f"reference unavailable: not DCP-exportable "
                           f"({err.reason})")
                 return True
+        for b, o in enumerate(outs):  # an inaccurate interior point, polished to stationarity
+            if o.status == "optimal_inaccurate" and o.states:
+                polished = self.polish_reference(obj, b, o.states)
+                if polished is not None and self._polish_pg[1] <= self.tols.reference_stationarity:
+                    val = objective_value(obj, polished, self.sample_inputs_np(b), env,
+                                          exported=o.exported, opts=self.opts)
+                    if val is not None and math.isfinite(val):
+                        o.states, o.value, o.ok = polished, val, True
+                        o.status = "optimal_inaccurate → polished"
+                        self.samples[b].notes.append(
+                            f"CVXPY returned optimal_inaccurate; its point was polished by local "
+                            f"minimization to projected gradient {self._polish_pg[1]:.1e}")
         solver = outs[0].solver if outs else ""
         self.ref = ReferenceInfo("cvxpy", f"CVXPY on {obj.name or 'the claim objective'}"
                                  f" ({len(outs)} exported instance(s))", solver,
