@@ -193,7 +193,9 @@ class _Run:
         claim objective *from the CVXPY point* (independent of the layer).  Interior-point
         solvers are only ~sqrt(gap)-accurate at degenerate minimizers (``z* = 0`` on ``z ≥ 0``
         with a zero multiplier: ~3e-6 at gap 1e-11).  The polished point replaces the CVXPY
-        one only if it is at least as good and more stationary; ``None`` if not applicable."""
+        one only if it is at least as good and more stationary, and only starting from a point
+        already near-stationary (projected gradient ≤ ``POLISH_FROM``): the reference stays
+        CVXPY's, refined; ``None`` if not applicable."""
         st = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in states.items()}
         chain = []  # φ∘A: polish φ at u = A(z), map back z = A⁻¹(u) (M invertible by the rule)
         pc = getattr(obj, "precomposition", None)
@@ -210,6 +212,8 @@ class _Run:
             if v0 is None or p.n > 512 or p.coupled:  # Newton polish: O(n) gradients
                 return None
             f0, pg0 = p.value(v0), p.projected_gradient(v0)
+            if not pg0 <= POLISH_FROM:  # refine a near-optimal point only, never replace one
+                return None
             res = minimize(p, v0)
         except (ConvexEqError, ValueError, RuntimeError):
             return None
@@ -534,6 +538,11 @@ class _Run:
 
 def _tol_dict(opts: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in opts.items() if k != "solver"}
+
+
+#: projected gradient below which a CVXPY point is refined by local minimization (a point
+#: farther from stationarity is a solver failure, reported and never compared)
+POLISH_FROM = 1e-4
 
 
 def _batch_coupled(obj: Objective) -> bool:
