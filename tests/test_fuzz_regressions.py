@@ -564,3 +564,12 @@ def test_verify_polishes_an_inaccurate_cvxpy_solution_instead_of_failing() -> No
     assert rep.passed, rep
     assert rep.reference.statuses == ["optimal_inaccurate → polished"]
     assert rep.samples[0].rel_error <= 1e-12
+
+
+def test_verify_point_conjugate_domain_stays_a_closed_box() -> None:
+    """f*_identity = ι{0}: moving the 'open' ends inside by 1e-12 made lo > hi and scipy raised
+    an untyped ValueError from verify.check (found by the thorough fuzz)."""
+    z = State("z1", 3)
+    rep = _verified(ce.precompose(ce.PotentialConjugate("identity", z) + SqNorm(z),
+                                  np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]))
+    assert rep.passed, rep

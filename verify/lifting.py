@@ -270,7 +270,7 @@ def _conjugate_domain_bounds(t: Any, size: int) -> tuple[np.ndarray, np.ndarray]
     """Box ``dom f_σ*(·/c) = c·dom f_σ*``; open ends (strictly increasing σ, e.g. softplus:
     ``(-∞, 0)``) are moved inside by 1e-12 — a start on the boundary is outside the domain."""
     lo, hi = (t.c * v for v in t.act.conjugate_domain)
-    if t.act.smooth_potential:
+    if t.act.smooth_potential and lo < hi:  # a point domain (identity: f* = ι{0}) stays closed
         lo = lo + 1e-12 * max(1.0, abs(lo)) if math.isfinite(lo) else lo
         hi = hi - 1e-12 * max(1.0, abs(hi)) if math.isfinite(hi) else hi
     return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
