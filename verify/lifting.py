@@ -403,7 +403,7 @@ def minimize(p: LiftedProblem, v0: np.ndarray, *, gtol: float = 1e-12, maxiter: 
                           options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-16,
                                    "gtol": gtol, "maxcor": 30})
         v = p.clip(res.x)
-        nit = int(res.nit)
+        nit = int(res.get("nit", 0))  # absent when every variable is fixed (lo == hi)
         if p.prox_terms and np.all(np.isfinite(v)):
             # |·|-type terms: L-BFGS-B only gets close; FISTA identifies the support
             v, k = prox_gradient_polish(p, v, iters=300 if polish else 100)
