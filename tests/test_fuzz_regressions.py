@@ -573,3 +573,19 @@ def test_verify_point_conjugate_domain_stays_a_closed_box() -> None:
     rep = _verified(ce.precompose(ce.PotentialConjugate("identity", z) + SqNorm(z),
                                   np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]))
     assert rep.passed, rep
+
+
+# ----------------------------------------------------------------- verify/equilibrium.py
+def test_verify_reports_a_diverging_layer_instead_of_raising() -> None:
+    """``z ← relu(1 + 10z)`` has no fixed point; the tight solve's NaN/Inf escaped verify.check
+    as NonFiniteError (typed, but verify's job is the report)."""
+    import os
+    import tempfile
+
+    z = State("z", 3)
+    one = ce.Constant("one", np.ones(3))
+    obj = Objective([Potential("relu", z), SqNorm(z), -Linear(one, z), -SqNorm(z) * 10.0])
+    rep = _verified(obj)
+    assert not rep.passed and rep.label == "equilibrium not found"
+    assert any("diverged" in f for f in rep.failures), rep.failures
+    rep.to_markdown(os.path.join(tempfile.mkdtemp(), "report.md"))  # renders without history

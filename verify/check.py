@@ -626,7 +626,8 @@ def _check(target: Any, x: Any, *, gradients: bool = False,
     res_tol = tols.sam if sam is not None else tols.residual
     worst = float(res.max())
     run.rule("equilibrium", eq.converged or worst <= res_tol,
-             f"equilibrium not found: {eq.solver} stopped at relative residual "
+             f"equilibrium not found: {eq.solver} {eq.note}" if eq.note.startswith("diverged")
+             else f"equilibrium not found: {eq.solver} stopped at relative residual "
              f"{eq.max_residual:.3e} (tol {eq.tol:g})")
     run.rule("residual", worst <= res_tol,
              f"optimality residual ||z - T(z)||/max(1,||z||) = {worst:.3e} > {res_tol:g}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -114,14 +115,26 @@ def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
     bsz = next(iter(inputs.values())).shape[0] if inputs else 1
     z0 = torch.zeros(bsz, derived.state_size, dtype=T64)
     with torch.no_grad():
-        z, st = solve(f, z0, "anderson", tol=tol, max_iter=max_iter, m=5)
+        try:
+            z, st = solve(f, z0, "anderson", tol=tol, max_iter=max_iter, m=5)
+        except NonFiniteError as err:  # diverged: reported as "equilibrium not found"
+            return z0, _diverged("anderson (m=5)", err, bsz, tol)
         name = "anderson (m=5)"
         hist = [st.residuals]
         if fallback and not bool(st.converged.all()):
-            z, st = solve(f, z, "plain", tol=tol, max_iter=2 * max_iter)
+            try:
+                z, st = solve(f, z, "plain", tol=tol, max_iter=2 * max_iter)
+            except NonFiniteError as err:
+                return z0, _diverged(name + " → plain", err, bsz, tol)
             name += " → plain"
             hist.append(st.residuals)
     return z, info_from_stats(name, st, torch.cat(hist, dim=1), tol)
+
+
+def _diverged(name: str, err: NonFiniteError, bsz: int, tol: float) -> EquilibriumInfo:
+    """Record of a solve whose iterates became NaN/Inf (no equilibrium to compare)."""
+    return EquilibriumInfo(name, tol, [0] * bsz, math.inf, False, np.zeros((bsz, 0)),
+                           note=f"diverged: {err.reason}")
 
 
 def info_from_stats(name: str, st: SolverStats, hist: torch.Tensor, tol: float
