@@ -14,6 +14,7 @@ import torch
 
 from convex_eq.symbols import Env, Symbol
 from convex_eq.terms.base import Term
+from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import act_latex as _sig
 
 Z_t = Mapping[str, torch.Tensor]
@@ -193,6 +194,8 @@ class Prox(Node):
 
         if isinstance(self.g, Objective):
             return self.g.prox(v, self.t, Z, env)
+        if isinstance(self.g, MoreauEnvelope):  # its inner objective may read inputs (<Ux, z>)
+            return self.g.prox(v, self.t, env, values=Z)
         return self.g.prox(v, self.t, env)
 
     def lip(self, env: Env | None) -> float:

@@ -589,3 +589,23 @@ def test_verify_reports_a_diverging_layer_instead_of_raising() -> None:
     assert not rep.passed and rep.label == "equilibrium not found"
     assert any("diverged" in f for f in rep.failures), rep.failures
     rep.to_markdown(os.path.join(tempfile.mkdtemp(), "report.md"))  # renders without history
+
+
+# ----------------------------------------------------------------- lowering/nodes.py
+def test_prox_of_an_envelope_whose_inner_objective_reads_an_input() -> None:
+    """M¹[c||z||₁ + <Ux, z>] as the prox term of forward–backward: the Prox node called the
+    envelope's prox without the input values, so T raised "no value given for input 'x'"
+    (found by the thorough fuzz after the all-smooth forward–backward rule)."""
+    import verify
+
+    rng = np.random.default_rng(0)
+    z, x = State("z1", 4), Input("x", 3)
+    U = Weight("U3", (4, 3), rng.normal(size=(4, 3)))
+    phi = moreau(L1(z) * 0.5 + Linear(U @ x, z), 1.0) - SqNorm(z) * 0.1 + SqNorm(z)
+    d = lowering.lower(phi)
+    out = d.torch_module(dtype=T64)(torch.ones(2, 3, dtype=T64))
+    assert torch.isfinite(out).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = verify.check(d, rng.normal(size=(2, 3)))
+    assert rep.passed, rep
