@@ -601,8 +601,9 @@ def test_prox_of_an_envelope_whose_inner_objective_reads_an_input() -> None:
     rng = np.random.default_rng(0)
     z, x = State("z1", 4), Input("x", 3)
     U = Weight("U3", (4, 3), rng.normal(size=(4, 3)))
-    phi = moreau(L1(z) * 0.5 + Linear(U @ x, z), 1.0) - SqNorm(z) * 0.1 + SqNorm(z)
+    phi = moreau(L1(z) * 0.5 + Linear(U @ x, z), 2.0) * 2 + moreau(ce.LinfBallIndicator(z), 1.0)
     d = lowering.lower(phi)
+    assert "prox_{2·M^2[0.5·||z1||₁ + <U3 x, z1>](z1)}" in d.describe()  # the envelope is g
     out = d.torch_module(dtype=T64)(torch.ones(2, 3, dtype=T64))
     assert torch.isfinite(out).all()
     with warnings.catch_warnings():
