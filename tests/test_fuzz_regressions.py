@@ -436,6 +436,18 @@ def test_verify_numeric_reference_starts_inside_an_open_conjugate_domain() -> No
     rep = _verified(phi)
     assert rep.passed, rep
     assert rep.samples[0].rel_error <= 1e-9
+    # independent reference: bounded scalar minimization of G with scipy (xatol 1e-12); the
+    # layer's fixed point agrees to 1e-7 (scipy's bracketing accuracy on a flat minimum)
+    from scipy.optimize import minimize_scalar
+
+    def g(v: float) -> float:
+        return float(phi.value_tensor({"z1": torch.tensor([[v]], dtype=T64)}))
+
+    ref = minimize_scalar(g, bounds=(-20.0, -1e-12), method="bounded",
+                          options={"xatol": 1e-12}).x
+    z_layer = lowering.lower(phi).apply({"z1": torch.tensor([[ref]], dtype=T64)})["z1"]
+    assert abs(float(z_layer) - ref) <= 1e-7  # T(z_ref) ≈ z_ref: the scipy point is a fixed point
+    assert abs(ref + 0.68845) <= 1e-5
 
 
 def test_verify_minimizer_at_zero_is_not_failed_by_interior_point_noise() -> None:
