@@ -293,7 +293,8 @@ class Trainer:
 
 # ----------------------------------------------------------------------------- verification
 def verify_model(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
-    """Worst verification gap of the trained layer on ``k`` test inputs (MATH §9 reference):
+    """Worst verification gap of the trained layer on ``k`` test inputs (docs/theory.md §9
+    reference):
     relative state error vs CVXPY / the local reference, and the verdict."""
     from verify.check import check
 

@@ -2,12 +2,13 @@
 
 * ``opteq(form="conjugate")``: OptEq Theorem 1 (TPAMI Eq. 5-6), ``φ = ψ* - ½||·||²``,
   ``ψ = (1/μ)Σσ̃(Wz + Ux + b)``;
-* ``opteq(form="canonical")``: reformulated OptEq (MATH §3 row 1),
+* ``opteq(form="canonical")``: reformulated OptEq (docs/theory.md §3 row 1),
   ``Σf_σ(z) + ½||z||² - <Ux+b, z> - ½||Wz||²``;
 * ``deep_opteq``: deep OptEq, TPAMI §5 (Lemma 3 / Thm 2 / Cor 1),
   ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``;
-* ``geq``: GEQ/KerDEQ (MATH §3 rows 2-3), Gaussian-kernel similarity, whole or patch-split;
-* ``mopteq``: MOptEq with HH&D fusion (MATH §3 row 4), per-branch linear kernels
+* ``geq``: GEQ/KerDEQ (docs/theory.md §3 rows 2-3), Gaussian-kernel similarity, whole or
+patch-split;
+* ``mopteq``: MOptEq with HH&D fusion (docs/theory.md §3 row 4), per-branch linear kernels
   ``+ ½ΣH - (λ/2)ΣD``.
 """
 
@@ -87,11 +88,11 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
         if form == "conjugate":
             psi = Antiderivative(act, w_op @ z + q) * (1.0 / mu)
             obj = Objective([psi.conjugate(), -SqNorm(z)], name="opteq-conv-conj")
-            obj.reference = "OptEq (conv), Theorem 1, MATH §2"
+            obj.reference = "OptEq (conv), Theorem 1, docs/theory.md §2"
             return obj
         obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w_op @ z)],
                         name="opteq-conv")
-        obj.reference = "OptEq (conv), MATH §3 row 1"
+        obj.reference = "OptEq (conv), docs/theory.md §3 row 1"
         return obj
     if form == "canonical":
         z = State("z", n)
@@ -99,7 +100,7 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
         w = spectral_weight("W", (m, n), weight_norm, seed)
         obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w @ z)],
                         name="opteq")
-        obj.reference = "reformulated OptEq, MATH §3 row 1 (TPAMI Eq. 7)"
+        obj.reference = "reformulated OptEq, docs/theory.md §3 row 1 (TPAMI Eq. 7)"
         return obj
     if form == "conjugate":
         z = State("z", n)
@@ -107,7 +108,7 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
         w = spectral_weight("W", (m, n), weight_norm * math.sqrt(mu), seed)
         psi = Antiderivative(act, w @ z + q) * (1.0 / mu)
         obj = Objective([psi.conjugate(), -SqNorm(z)], name="opteq-conj")
-        obj.reference = "OptEq Theorem 1, MATH §2 (TPAMI Eq. 5-6)"
+        obj.reference = "OptEq Theorem 1, docs/theory.md §2 (TPAMI Eq. 5-6)"
         return obj
     raise ShapeError(f"unknown form {form!r}", term="opteq", hint="use 'canonical' or 'conjugate'")
 
@@ -134,7 +135,8 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         gamma: float = 0.5, weight_norm: float = 0.9, seed: int = 0,
         patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4,
         conv: tuple[int, int] | None = None) -> Objective:
-    """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b`` (MATH §3 row 2);
+    """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b``
+    (docs/theory.md §3 row 2);
     with ``patch`` and ``image=(C,H,W)`` (the layout of q and Wz) the patch-split kernel
     ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
@@ -155,14 +157,14 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
         s = PatchGaussianKernel(u_op @ x + b, w_op @ z, gam, patch, wh, (ch, hh, ww))
         obj = Objective([Potential(act, z), SqNorm(z), -s], name="geq-conv")
-        obj.reference = "GEQ (conv, patch-split Gaussian kernel), MATH §3 row 3"
+        obj.reference = "GEQ (conv, patch-split Gaussian kernel), docs/theory.md §3 row 3"
         return obj
     z = State("z", n)
     x, q = _injection("", p, d, seed)
     w = spectral_weight("W", (p, n), weight_norm, seed)
     if patch is None:
         s = GaussianKernel(q - w @ z, gam)
-        name, ref = "geq", "GEQ/KerDEQ Gaussian kernel, MATH §3 row 2"
+        name, ref = "geq", "GEQ/KerDEQ Gaussian kernel, docs/theory.md §3 row 2"
     else:
         if image is None or math.prod(image) != p:
             raise ShapeError(f"image layout {image} must have p = {p} entries", term="geq")
@@ -171,7 +173,7 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         dim = patch * patch * c
         wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
         s = PatchGaussianKernel(q, w @ z, gam, patch, wh, image)
-        name, ref = "geq-patch", "GEQ with patch splitting, MATH §3 row 3"
+        name, ref = "geq-patch", "GEQ with patch splitting, docs/theory.md §3 row 3"
     obj = Objective([Potential(act, z), SqNorm(z), -s], name=name)
     obj.reference = ref
     return obj
@@ -181,7 +183,7 @@ def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d:
            activation: Any = "relu", *, lam: float = 0.1, weight_norm: float = 0.5,
            seed: int = 0, decorrelation: bool = True) -> Objective:
     """MOptEq (HH&D fusion): ``Σ_i [Σf_σ(z_i) + ½||z_i||² - <q_i, z_i> - ½||W_i z_i||²]
-    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; MATH §3 row 4)."""
+    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; docs/theory.md §3 row 4)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     k = len(shapes)
     if k < 2:
@@ -203,7 +205,7 @@ def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d:
         if decorrelation:
             terms.append(ChannelDecorrelation(zi, zj, p) * lam_s * 0.5)
     obj = Objective(terms, name="mopteq")
-    obj.reference = "MOptEq HH&D fusion, MATH §3 row 4"
+    obj.reference = "MOptEq HH&D fusion, docs/theory.md §3 row 4"
     return obj
 
 

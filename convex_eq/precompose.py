@@ -1,4 +1,5 @@
-"""Affine precomposition ``φ → φ∘A``, ``A(z) = Mz + c`` with ``M`` square invertible (MATH §4)."""
+"""Affine precomposition ``φ → φ∘A``, ``A(z) = Mz + c`` with ``M`` square invertible
+(docs/theory.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""verify.check: every reference path (MATH §9), the failure labels, bad input, a trained module
+"""verify.check: every reference path (docs/theory.md §9), the failure labels, bad input, a trained
+module
 reloaded from its state_dict, gradients, report/markdown/CLI; and checks that deliberately broken
 layers or backward passes fail."""
 

@@ -1,8 +1,9 @@
-"""``verify.check``: is the layer's equilibrium what its derivation claims (MATH §9)?
+"""``verify.check``: is the layer's equilibrium what its derivation claims (docs/theory.md §9)?
 
 1. the equilibrium, by a tight float64 solve of ``z = T(z, x)`` with the target's current weights;
 2. the certificate at these weights ("claim not certified here: <condition>" when violated);
-3. the reference chosen by MATH §9 and the claim — CVXPY (DCP-exportable), the certified-convex
+3. the reference chosen by docs/theory.md §9 and the claim — CVXPY (DCP-exportable), the
+   certified-convex
    numeric reference (convex, not DCP), the local reference (non-convex: never "minimizer"),
    Corollary 1 / Theorem 2 for deep models, the value-function reformulation for SAM;
 4. relative state error, objective gap, optimality residual ``||z - T(z)||`` (the lowering's
@@ -237,7 +238,7 @@ class _Run:
             except ExportError as err:
                 if self.reference == "auto":
                     self.notes.append(f"not DCP-exportable ({err.reason}): using the "
-                                      "certified-convex numeric reference (MATH §9.2)")
+                                      "certified-convex numeric reference (docs/theory.md §9.2)")
                     return False
                 self.ref = ReferenceInfo("cvxpy", "CVXPY", ok=False,
                                          failure=f"not DCP-exportable: {err}")
@@ -491,7 +492,8 @@ class _Run:
             self.ref = ReferenceInfo(
                 "inclusion", "Theorem 2 inclusion 0 ∈ ∂Φ(z̃) + (I − P)z̃ block by block: prox "
                 "form ||z_i − (α prox_φi + (1−α) id)(z_{i−1})|| and gradient form "
-                "||∇(α M^{1−α}_φi)(z_i) + z_i − z_{i−1}|| (∇ of the envelope by MATH §9.2 with "
+                "||∇(α M^{1−α}_φi)(z_i) + z_i − z_{i−1}|| (∇ of the envelope by "
+                "docs/theory.md §9.2 with "
                 "a Newton solve of prox_{κψ}); no objective exists for L ≥ 3",
                 "semismooth Newton (prox_{κψ})", ["computed"] * self.bsz)
             self.rules["reference"] = True
@@ -580,7 +582,7 @@ def check(target: Any, x: Any, *, gradients: bool = False,
     ``EquilibriumModule``, with its current weights) at inputs ``x`` against its claim.
 
     ``tol``: a ``Tolerances`` (or a float: the relative-error tolerance); ``starts``: number of
-    starts of the local reference; ``reference``: "auto" (MATH §9) | "cvxpy" | "numeric" |
+    starts of the local reference; ``reference``: "auto" (docs/theory.md §9) | "cvxpy" | "numeric" |
     "local"; ``solver_options``: CVXPY options (default Clarabel, gap/feasibility 1e-11; SCS only
     with eps ≤ 1e-9); ``gradients``: also compare ``dℓ/dx`` with cvxpylayers and finite
     differences (DCP-exportable objectives).  Torch runs single-threaded during the call."""

@@ -16,7 +16,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``verify`` subcommand to ``convex-eq``'s subparsers (sets ``func``)."""
     p = subparsers.add_parser(
         "verify", help="verify the equilibrium against its claim (CVXPY / numeric / local "
-        "reference, MATH §9); exit code 1 on failure",
+        "reference, docs/theory.md §9); exit code 1 on failure",
         description=__doc__.splitlines()[0])
     p.add_argument("spec", help="FILE[:NAME] of a Python file defining an objective or model")
     p.add_argument("--x-seed", type=int, default=0, help="seed of the random inputs")

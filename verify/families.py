@@ -30,7 +30,7 @@ Builder = Callable[[int], tuple[DerivedLayer, torch.Tensor]]
 
 @dataclass
 class Family:
-    """A named instance generator with the reference MATH §9 prescribes for it."""
+    """A named instance generator with the reference docs/theory.md §9 prescribes for it."""
 
     name: str
     reference: str

@@ -1,11 +1,11 @@
-"""Numeric lifting of an objective for the scipy references (MATH §9.2 and §9.3).
+"""Numeric lifting of an objective for the scipy references (docs/theory.md §9.2 and §9.3).
 
 ``lift(obj, inputs, env)`` rewrites ``G`` as a function ``F(v)`` of free variable blocks with box
 bounds, mirroring the CVXPY export without the DCP restriction:
 
 * a state ``z`` with a conjugate term ``ψ*(z)``, ``ψ = s Σσ̃(Mz + q)``, becomes a dual block
   ``y`` (bounds: the domain of ``σ̃*``) with ``z = s Mᵀ y`` and ``ψ*(z) → s(Σσ̃*(y) - <q, y>)``
-  (MATH §2, the y-form; convex exactly when the z-form is);
+  (docs/theory.md §2, the y-form; convex exactly when the z-form is);
 * a Moreau envelope ``c·M^μ_f(v)`` whose inner ``f`` has no closed-form prox becomes an
   auxiliary block ``u`` with ``c[f(u) + ||u - v||²/(2μ)]`` (inf-convolution, jointly convex when
   ``f`` is: the inner envelope is computed by minimizing over ``u`` together with the rest);

@@ -1,4 +1,4 @@
-"""Reference solutions for ``verify.check`` (MATH §9), one function per reference.
+"""Reference solutions for ``verify.check`` (docs/theory.md §9), one function per reference.
 
 * ``cvxpy_reference``: CVXPY on the exported objective, Clarabel at tight tolerances (SCS only
   with eps ≤ 1e-9); the status is checked, never compared when not ``optimal``.
@@ -7,7 +7,7 @@
   exact gradients; stationarity of a convex objective proves global optimality.
 * ``local_reference``: non-convex objectives: multi-start local minimization, stationarity
   residual and a second-order check; the label is "stationary point" or "local minimizer".
-* ``sam_reference``: ``argmin_{Fix T} R`` as ``min R s.t. φ(z) ≤ φ* + δ`` (MATH §6).
+* ``sam_reference``: ``argmin_{Fix T} R`` as ``min R s.t. φ(z) ≤ φ* + δ`` (docs/theory.md §6).
 * ``inclusion_residuals``: Theorem 2 (deep, L ≥ 3) block residuals in prox and gradient form.
 * ``wide_solution``: Theorem 3's limit ``L y = Σ W_iᵀσ(W_i y + U_i x + b_i)``.
 """
@@ -61,7 +61,7 @@ def reference_solver_options(options: Mapping[str, Any] | None) -> dict[str, Any
                 f"SCS is a reference only with eps_abs, eps_rel ≤ {SCS_MAX_EPS:g} (got "
                 f"eps_abs={eps[0]}, eps_rel={eps[1]})", term="verify.check",
                 hint="its default accuracy (~1e-4) is off by up to 1e-3 on these problems "
-                "(MATH §9.1); use Clarabel (default) or pass eps=1e-10")
+                "(docs/theory.md §9.1); use Clarabel (default) or pass eps=1e-10")
         o.setdefault("max_iters", 200000)
         return o
     return o
@@ -253,7 +253,7 @@ def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
                         min(finite) if finite else math.inf, stat, so_info, v_star, at_layer, p)
 
 
-# ---------------------------------------------------------------------- SAM (MATH §6)
+# ---------------------------------------------------------------------- SAM (docs/theory.md §6)
 def sam_reference(phi: Objective, R: Objective, inputs: Mapping[str, np.ndarray],
                   env: Mapping[str, Any], opts: Mapping[str, Any], delta_rel: float = 1e-8
                   ) -> tuple[CvxpyOutcome, float]:
@@ -300,7 +300,7 @@ def sam_reference(phi: Objective, R: Objective, inputs: Mapping[str, np.ndarray]
     return out, delta
 
 
-# ---------------------------------------------------------------------- deep models (MATH §5)
+# ---------------------------------------------------------- deep models (docs/theory.md §5)
 @dataclass
 class ProxPieces:
     """``prox_φ(v) = s Mᵀσ(Mv + q)`` for ``φ = ψ* - ½||·||²``, ``ψ = s Σσ̃(Mv + q)``."""
@@ -361,7 +361,8 @@ def prox_pieces(phi: Objective, env: Any) -> ProxPieces:
 
 def envelope_gradient(pieces: ProxPieces, z: torch.Tensor, q: torch.Tensor, alpha: float
                       ) -> torch.Tensor:
-    """``∇(α M^μ_φ)(z)``, ``μ = 1 - α``, by MATH §9.2: ``M^μ_φ(z) = ||z||²/(2μ) - M^κ_ψ(z/μ)``,
+    """``∇(α M^μ_φ)(z)``, ``μ = 1 - α``, by docs/theory.md §9.2:
+    ``M^μ_φ(z) = ||z||²/(2μ) - M^κ_ψ(z/μ)``,
     ``κ = 1/μ - 1``, so ``∇M^μ_φ(z) = z/μ - (z/μ - prox_{κψ}(z/μ))/(μκ)``."""
     mu = 1.0 - alpha
     kappa = 1.0 / mu - 1.0

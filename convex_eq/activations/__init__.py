@@ -1,4 +1,4 @@
-"""Scalar activations and their proximal potentials ``f_σ = σ̃* - u²/2`` (MATH.md §1)."""
+"""Scalar activations and their proximal potentials ``f_σ = σ̃* - u²/2`` (docs/theory.md §1)."""
 
 from .base import Activation
 from .hardtanh import HardTanh

@@ -1,4 +1,4 @@
-"""Scalar activations σ and their proximal potentials ``f_σ = σ̃* - u²/2`` (MATH.md §1).
+"""Scalar activations σ and their proximal potentials ``f_σ = σ̃* - u²/2`` (docs/theory.md §1).
 
 Conventions used by every activation (all functions are elementwise on torch tensors):
 
@@ -34,7 +34,7 @@ Scale = float | torch.Tensor
 
 CERTIFIED_HINT = (
     "export σ̃* and collect the -u²/2 into the quadratic form, or use the certified-convex "
-    "numeric reference (MATH.md §9.2)"
+    "numeric reference (docs/theory.md §9.2)"
 )
 
 
@@ -227,7 +227,7 @@ class Activation:
             f"σ̃* for activation '{self.name}' has no closed DCP form (it is evaluated "
             "numerically), so f_σ = σ̃* - u²/2 cannot be exported to CVXPY either",
             term=self.name,
-            hint="use the certified-convex numeric reference (MATH.md §9.2)",
+            hint="use the certified-convex numeric reference (docs/theory.md §9.2)",
         )
 
     @property
@@ -253,7 +253,7 @@ class Activation:
             f"f_σ = σ̃* - u²/2 for activation '{self.name}' is convex but not DCP (a difference "
             "of convex terms), and σ̃* has no closed DCP form either",
             term=self.name,
-            hint="use the certified-convex numeric reference (MATH.md §9.2)",
+            hint="use the certified-convex numeric reference (docs/theory.md §9.2)",
         )
 
     # ------------------------------------------------------------------------------ display

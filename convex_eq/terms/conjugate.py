@@ -1,4 +1,4 @@
-"""Conjugate of a separable function of an affine map (MATH §2):
+"""Conjugate of a separable function of an affine map (docs/theory.md §2):
 ``ψ(z) = s Σ σ̃(Mz + q)``  ⇒  ``ψ*(v) = s · min_y { Σ σ̃*(y) - <q, y> : Mᵀy = v/s }``."""
 
 from __future__ import annotations

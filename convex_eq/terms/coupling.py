@@ -1,4 +1,5 @@
-"""MOptEq branch-fusion terms (MATH §3): ``H(z_i, z_j) = z_iᵀ P z_j`` and the off-diagonal channel
+"""MOptEq branch-fusion terms (docs/theory.md §3): ``H(z_i, z_j) = z_iᵀ P z_j`` and the off-diagonal
+channel
 cross-correlation ``D(z_i, z_j) = Σ_{k1} Σ_{k2≠k1} |⟨z_i^{(k1)}, (P z_j)^{(k2)}⟩|``.
 
 ``P`` is a linear operator from ``z_j``'s space to ``z_i``'s (average-downsample, its transpose,

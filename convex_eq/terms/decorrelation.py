@@ -1,4 +1,5 @@
-"""Batch decorrelation ``R(Z) = ½||D Z Zᵀ D - I||_F²`` (MATH §4): batch-coupled, non-convex.
+"""Batch decorrelation ``R(Z) = ½||D Z Zᵀ D - I||_F²`` (docs/theory.md §4): batch-coupled,
+non-convex.
 
 ``Z`` is the ``m × B`` matrix whose columns are the batch samples ``u_b`` (the term's argument,
 carried as the flat batch ``(B, m)``, i.e. ``Z = Uᵀ``), and ``D = diag(1/||row_i||)`` normalises

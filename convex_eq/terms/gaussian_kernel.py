@@ -1,4 +1,4 @@
-"""Gaussian-kernel similarity terms of GEQ / KerDEQ (MATH §3).
+"""Gaussian-kernel similarity terms of GEQ / KerDEQ (docs/theory.md §3).
 
 ``GaussianKernel(r, γ)``:  ``S(r) = (1/(2γ)) exp(-γ||r||²)`` with ``r`` an affine argument (users
 pass ``q - W @ z``).
@@ -28,7 +28,8 @@ Design: the term has ONE affine argument ``r = q - wz`` (``q`` and ``wz`` are ke
 attributes ``.q`` and ``.wz``).  With ``y_i = r̃_i W_h``,
 ``∇_{r̃_i} S = -e^{-γ||y_i||²} r̃_i W_h W_hᵀ``, scattered back to the image layout; the base's
 chain rule through ``r = q - Wz`` then gives ``∇_z S = Wᵀ m`` with ``m`` the scattered patches of
-``e^{-γ||·||²}(x̃_i - z̃_i) W_h W_hᵀ`` — exactly MATH §3.  Gradient Lipschitz bound w.r.t. ``r``:
+``e^{-γ||·||²}(x̃_i - z̃_i) W_h W_hᵀ`` — exactly docs/theory.md §3.  Gradient Lipschitz bound w.r.t.
+``r``:
 the Hessian is block diagonal over the disjoint patches, with blocks
 ``-W_h e^{-γ||y||²}(I - 2γ y yᵀ) W_hᵀ``; by the bound above each has norm ``≤ ||W_h||₂²``, hence
 ``Lip(∇_r S) ≤ ||W_h||₂²`` (and the base multiplies by ``||∂r/∂z||₂²``).  One argument (rather

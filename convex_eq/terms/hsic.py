@@ -1,4 +1,4 @@
-"""HSIC between the feature rows of a batch, Gaussian RBF kernels (MATH §4, loss-side).
+"""HSIC between the feature rows of a batch, Gaussian RBF kernels (docs/theory.md §4, loss-side).
 
 Definition.  The argument is carried as the flat batch ``U`` of shape ``(B, m)``; ``Z = Uᵀ`` is the
 ``m × B`` batch matrix and its row ``x_i = Z_i ∈ R^B`` holds feature ``i`` over the batch.  For each

@@ -1,4 +1,4 @@
-"""Feature incay regularizer ``R(z) = 2 / (||z||² + 2ε)`` (MATH §4): smooth, NOT convex.
+"""Feature incay regularizer ``R(z) = 2 / (||z||² + 2ε)`` (docs/theory.md §4): smooth, NOT convex.
 
 Derivation (``s = ||u||²``, ``a = s + 2ε``):
 

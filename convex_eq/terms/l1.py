@@ -1,4 +1,4 @@
-"""The ℓ1 norm ``||u||₁`` and its conjugate, the indicator of an ℓ∞ ball (MATH §4).
+"""The ℓ1 norm ``||u||₁`` and its conjugate, the indicator of an ℓ∞ ball (docs/theory.md §4).
 
 Conjugate pair (for ``c > 0``): ``(c·||·||₁)*(y) = c·ι_{||·||∞≤1}(y/c) = ι_{||·||∞≤c}(y)``, so
 ``L1(u) * c`` conjugates to ``LinfBallIndicator(u, radius=c)`` and back.  Moreau's identity

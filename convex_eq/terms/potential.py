@@ -1,5 +1,5 @@
 """Activation terms: the potential ``Σ f_σ(u)`` (prox = σ), the antiderivative ``Σ σ̃(u)`` and
-its conjugate ``Σ σ̃*(u) = Σ f_σ(u) + ½||u||²`` (MATH §1)."""
+its conjugate ``Σ σ̃*(u) = Σ f_σ(u) + ½||u||²`` (docs/theory.md §1)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class _ActivationTerm(Term):
 
 
 class Potential(_ActivationTerm):
-    """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (MATH §1)."""
+    """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (docs/theory.md §1)."""
 
     label = "activation potential"
     base_curvature = "convex"

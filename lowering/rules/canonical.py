@@ -1,4 +1,4 @@
-"""Canonical stationarity form (MATH §3): ``G = Σ_b 1ᵀf_{σ_b}(z_b) + ½||z||² - S(z)``
+"""Canonical stationarity form (docs/theory.md §3): ``G = Σ_b 1ᵀf_{σ_b}(z_b) + ½||z||² - S(z)``
 ⇒ ``0 ∈ ∂f_σ(z) + z - ∇S(z)`` ⇔ ``z_b = σ_b(∇_b S(z))`` (forward–backward with unit step)."""
 
 from __future__ import annotations

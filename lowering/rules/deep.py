@@ -1,4 +1,5 @@
-"""Deep composition (MATH §5): ``T = f_L∘…∘f_1``, ``f_l = α prox_{φ_l} + (1-α) id``, and its
+"""Deep composition (docs/theory.md §5): ``T = f_L∘…∘f_1``, ``f_l = α prox_{φ_l} + (1-α) id``, and
+its
 multi-block form (Lemma 3); claims: Corollary 1 (L = 2) or the Theorem 2 inclusion (L ≥ 3)."""
 
 from __future__ import annotations

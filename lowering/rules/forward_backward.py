@@ -1,4 +1,5 @@
-"""Generic fallback (MATH §3): ``G = g + h``, ``g`` prox-able, ``h`` smooth with ``L``-Lipschitz
+"""Generic fallback (docs/theory.md §3): ``G = g + h``, ``g`` prox-able, ``h`` smooth with
+``L``-Lipschitz
 gradient ⇒ ``z = prox_{τg}(z - τ∇h(z))``, ``τ ∈ (0, 2/L)`` (default ``1/L``)."""
 
 from __future__ import annotations

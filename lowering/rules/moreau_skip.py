@@ -1,4 +1,4 @@
-"""Moreau envelope → skip connection (MATH §4):
+"""Moreau envelope → skip connection (docs/theory.md §4):
 ``prox_{λM_φ^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)φ}(x) - x)``; with ``λ = α``, ``μ = 1-α``:
 ``α prox_φ(x) + (1-α) x``, same fixed points as ``prox_φ``."""
 

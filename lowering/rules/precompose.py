@@ -1,4 +1,5 @@
-"""Affine precomposition (MATH §4): ``φ → φ∘A`` ⇒ ``T' = A⁻¹∘T∘A``; fixed points of ``T'`` are
+"""Affine precomposition (docs/theory.md §4): ``φ → φ∘A`` ⇒ ``T' = A⁻¹∘T∘A``; fixed points of ``T'``
+are
 the minimizers of ``φ∘A`` for any invertible ``A``; ``T'`` is a prox only if ``M`` is orthogonal."""
 
 from __future__ import annotations

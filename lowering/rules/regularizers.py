@@ -1,4 +1,4 @@
-"""Regularizer edits of a prox layer (MATH §4, Theorem 4 of the TPAMI paper).
+"""Regularizer edits of a prox layer (docs/theory.md §4, Theorem 4 of the TPAMI paper).
 
 * gradient variant, ``R`` smooth: ``T(z) = prox_φ(z - γ∇R(z))``; fixed points = stationary points
   of ``φ + γR`` (minimizers when it is convex) — exact.

@@ -1,4 +1,5 @@
-"""Theorem 5 (TPAMI, MATH §6): the SAM iteration selects ``argmin_{z ∈ Fix T} R(z)`` among many
+"""Theorem 5 (TPAMI, docs/theory.md §6): the SAM iteration selects ``argmin_{z ∈ Fix T} R(z)`` among
+many
 equilibria."""
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def sam_reference(case: SAMCase) -> np.ndarray:
 
 def theorem5_sam(case: SAMCase, rho: float = 0.1, c: float = 0.44,
                  max_iter: int = SAM_ITERS, tol: float = SAM_TOL) -> dict[str, float]:
-    """Theorem 5 (MATH §6): on an affine ``T`` with a subspace of fixed points (identity
+    """Theorem 5 (docs/theory.md §6): on an affine ``T`` with a subspace of fixed points (identity
     activation, ``k ≥ 1`` singular values of ``W`` exactly 1), SAM with ``R = ½||z − c||²``
     (``β_k = λ_k = ρ/k^c``, ``γ = 1/(2L_R)``, ``ρ + 2c < 1``) converges to the exact
     ``argmin_{Fix T} R`` (closed form, :func:`sam_reference`).  Checked: relative error

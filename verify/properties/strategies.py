@@ -29,7 +29,8 @@ T64 = torch.float64
 
 #: every activation of the registry (all nondecreasing and 1-Lipschitz)
 ACTIVATIONS = ("identity", "relu", "leaky_relu", "hardtanh", "tanh", "sigmoid", "softplus")
-#: potentials that cancel exactly against quadratics: the objectives are QPs (MATH §1, §9.1)
+#: potentials that cancel exactly against quadratics: the objectives are QPs
+#: (docs/theory.md §1, §9.1)
 DCP_ACTIVATIONS = ("identity", "relu", "leaky_relu", "hardtanh")
 #: activations whose potential has a closed form (softplus uses numeric quadrature)
 CLOSED_FORM_ACTIVATIONS = ("identity", "relu", "leaky_relu", "hardtanh", "tanh", "sigmoid")
@@ -95,7 +96,8 @@ class OptEqCase:
     """One OptEq instance: the declared objective with drawn weights, inputs and probes.
 
     ``form="conjugate"``: ``φ = ψ* − ½||·||²``, ``ψ = (1/μ)Σσ̃(Wz + Ux + b)`` (Theorem 1);
-    ``form="canonical"``: ``Σf_σ(z) + ½||z||² − <Ux + b, z> − ½||Wz||²`` (MATH §3 row 1)."""
+    ``form="canonical"``: ``Σf_σ(z) + ½||z||² − <Ux + b, z> − ½||Wz||²``
+    (docs/theory.md §3 row 1)."""
 
     objective: Any
     x: torch.Tensor                      # (B, d) inputs

@@ -1,4 +1,5 @@
-"""Theorem 1 (MATH §2) and Lemma 5 (NeurIPS OptEq appendix E.1): the OptEq layer is a proximal
+"""Theorem 1 (docs/theory.md §2) and Lemma 5 (NeurIPS OptEq appendix E.1): the OptEq layer is a
+proximal
 operator of a convex function.
 
 ``ψ(z) = (1/μ)Σσ̃(Wz + q)``, ``μ ≥ L_σ||W||₂²``, ``φ = ψ* − ½||·||²``:
@@ -31,7 +32,7 @@ def _layer(case: OptEqCase) -> tuple[Any, Any]:
 
 
 def theorem1_firm_nonexpansive(case: OptEqCase) -> dict[str, float]:
-    """Theorem 1 (MATH §2): ``T = prox_φ`` with ``φ`` convex, hence firmly nonexpansive:
+    """Theorem 1 (docs/theory.md §2): ``T = prox_φ`` with ``φ`` convex, hence firmly nonexpansive:
     ``||Tu − Tv||² ≤ <Tu − Tv, u − v>`` for all ``u, v`` (same input ``x``).
 
     Tolerance: ``ROUND·(1 + ||u|| + ||v||)·||u − v||`` — both sides are float64 expressions of
@@ -54,7 +55,8 @@ def theorem1_firm_nonexpansive(case: OptEqCase) -> dict[str, float]:
 
 
 def theorem1_jacobian(case: OptEqCase) -> dict[str, float]:
-    """Theorem 1 (MATH §2): ``J = ∂T/∂z = (1/μ)Wᵀ diag(σ') W`` is symmetric with eigenvalues in
+    """Theorem 1 (docs/theory.md §2): ``J = ∂T/∂z = (1/μ)Wᵀ diag(σ') W`` is symmetric with
+    eigenvalues in
     ``[0, 1]`` (``T = ∇ψ`` with ``ψ`` convex and 1-smooth), at every probe point (autograd's
     one-sided derivative at kinks is still in ``[0, L_σ]``, so the claim holds there too).
 
