@@ -7,13 +7,15 @@
   exact gradients; stationarity of a convex objective proves global optimality.
 * ``local_reference``: non-convex objectives: multi-start local minimization, stationarity
   residual and a second-order check; the label is "stationary point" or "local minimizer".
-* ``sam_reference``: ``argmin_{Fix T} R`` as ``min R s.t. φ(z) ≤ φ* + δ`` (docs/theory.md §6).
+* ``sam_reference``: ``argmin_{Fix T} R`` as the limit of ``argmin φ + εR``, ε → 0
+  (docs/theory.md §6).
 * ``inclusion_residuals``: Theorem 2 (deep, L ≥ 3) block residuals in prox and gradient form.
 * ``wide_solution``: Theorem 3's limit ``L y = Σ W_iᵀσ(W_i y + U_i x + b_i)``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Mapping
@@ -254,17 +256,40 @@ def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
 
 
 # ---------------------------------------------------------------------- SAM (docs/theory.md §6)
+@dataclass
+class SamOutcome(CvxpyOutcome):
+    """The SAM reference at one sample: the Tikhonov point ``z(ε_K)`` kept and its estimated
+    error ``||z(ε_K) − z(ε_{K−1})||`` (absolute; NaN unless two weights solved)."""
+
+    eps: float = math.nan
+    error: float = math.nan
+    levels: list[tuple[float, str]] = field(default_factory=list)
+
+
+#: Tikhonov weights ``ε`` of ``φ + ε R``, largest first (ratio 10)
+SAM_LEVELS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+
+
 def sam_reference(phi: Objective, R: Objective, inputs: Mapping[str, np.ndarray],
-                  env: Mapping[str, Any], opts: Mapping[str, Any], delta_rel: float = 1e-8
-                  ) -> tuple[CvxpyOutcome, float]:
-    """``argmin_{z ∈ Fix T} R(z)`` with ``Fix T = argmin φ``: solve ``φ* = min φ``, then
-    ``min R(z) s.t. φ(z) ≤ φ* + δ`` (``δ = delta_rel·max(1, |φ*|)``); returns ``(outcome, δ)``."""
+                  env: Mapping[str, Any], opts: Mapping[str, Any],
+                  levels: tuple[float, ...] = SAM_LEVELS) -> SamOutcome:
+    """``argmin_{z ∈ Fix T} R(z)``, ``Fix T = argmin φ``, as the limit of the Tikhonov path
+    ``z(ε) = argmin φ + ε R`` (ε → 0; φ convex, R strongly convex).
+
+    Each ``φ + ε R`` is an ordinary, strongly convex CVXPY problem — well posed, unlike the
+    value-function form ``min R s.t. φ ≤ min φ + δ`` whose constraint is degenerate (Clarabel
+    ended it ``optimal_inaccurate`` or with a solver error depending on δ, tolerance and
+    CPU).  ``z(ε) → z*`` like ``ε^p`` (``p = 1`` when φ grows quadratically off its argmin,
+    e.g. any convex quadratic), so with ratio 10 between weights the error of ``z(ε_k)`` is
+    at most ``||z(ε_k) − z(ε_{k−1})||`` for any ``p ≥ log 2 / log 10``.  The weight kept is the
+    one with the smallest such difference (at tiny ε the solver's ``tol/ε`` error takes over):
+    that difference is the stated accuracy.  Fewer than two solved weights: a failure."""
     first = cvxpy_reference(phi, inputs, env, opts)
     if not first.ok:
-        return first, math.nan
+        return SamOutcome(first.status, first.solver, False, message=first.message,
+                          options=dict(opts))
     e_phi = first.exported
     assert e_phi is not None
-    delta = delta_rel * max(1.0, abs(first.value))
     r_inputs = {s.name: inputs[s.name] for s in R.inputs}
     r_env = {s.name: env[s.name] for s in R.symbols if s.name in env}
     e_r = R.to_cvxpy(**r_inputs, **r_env)
@@ -274,30 +299,30 @@ def sam_reference(phi: Objective, R: Objective, inputs: Mapping[str, np.ndarray]
             raise ShapeError(f"SAM objective R uses state '{k}' that the layer does not have",
                              term="sam_reference")
         cons.append(m @ e_r.variable == e_phi.state_maps[k] @ e_phi.variable)
-    phi_expr = e_phi.problem.objective.args[0]
-    cons.append(phi_expr + e_phi.constant <= first.value + delta)
-    prob = cp.Problem(cp.Minimize(e_r.problem.objective.args[0]), cons)
-    ladder = [dict(opts)]
-    if str(opts.get("solver")).upper() == "CLARABEL":
-        # the sublevel-set constraint is nearly degenerate (its interior is a thin slab), so
-        # Clarabel may stop at "optimal_inaccurate" at 1e-11; the reference's own error is
-        # O(√δ) ≫ 1e-7, so the tolerance is relaxed step by step and the one used is reported
-        ladder = [{**opts, "tol_gap_abs": t, "tol_gap_rel": t, "tol_feas": t}
-                  for t in (1e-9, 1e-8, 1e-7)]
+    phi_expr, r_expr = e_phi.problem.objective.args[0], e_r.problem.objective.args[0]
+    path: list[tuple[float, dict[str, np.ndarray], float]] = []
+    tried: list[tuple[float, str]] = []
     status, solver, msg = "not solved", str(opts.get("solver")), ""
-    used: dict[str, Any] = {}
-    for stage2 in ladder:
-        status, solver, msg = solve_exported(e_phi, stage2, prob)
-        used = stage2
-        if status == cp.OPTIMAL:
-            break
-    out = CvxpyOutcome(status, solver, status == cp.OPTIMAL, exported=e_phi, message=msg)
-    out.options = used
-    if out.ok:
+    for eps in levels:
+        prob = cp.Problem(cp.Minimize(phi_expr + eps * r_expr), cons)
+        status, solver, msg = solve_exported(e_phi, opts, prob)
+        tried.append((eps, status))
+        if status != cp.OPTIMAL:
+            continue
         f = np.asarray(e_phi.variable.value, dtype=np.float64)
-        out.states = {k: m @ f for k, m in e_phi.state_maps.items()}
-        out.value = float(prob.value) + e_r.constant
-    return out, delta
+        r_val = float(r_expr.value) + e_r.constant
+        path.append((eps, {k: m @ f for k, m in e_phi.state_maps.items()}, r_val))
+    diffs = []
+    for (e0, z0, _), (e1, z1, _) in itertools.pairwise(path):
+        if abs(e0 / e1 - 10.0) <= 1e-9 * 10.0:  # consecutive weights only
+            diffs.append((math.sqrt(sum(float(np.sum((z1[k] - z0[k]) ** 2)) for k in z1)), e1))
+    if not diffs:
+        return SamOutcome(status if not path else "path too short", solver, False,
+                          exported=e_phi, message=msg, levels=tried, options=dict(opts))
+    err, eps = min(diffs)
+    _, states, value = next(p for p in path if p[0] == eps)
+    return SamOutcome(cp.OPTIMAL, solver, True, states=states, value=value, exported=e_phi,
+                      message=msg, options=dict(opts), eps=eps, error=err, levels=tried)
 
 
 # ---------------------------------------------------------- deep models (docs/theory.md §5)
