@@ -22,7 +22,8 @@ class DerivedLayer:
 
     ``nodes[b]`` is the update of block ``b`` (all blocks are updated from the same old state).
     ``is_prox`` says whether ``T`` is exactly ``prox_φ`` of the lowered objective (needed by
-    edits such as the Moreau skip rule to keep their exact claims)."""
+    edits such as the Moreau skip rule to keep their exact claims); ``payload`` holds the
+    rule's typed facts (``info`` is the same as a dict)."""
 
     source: Any
     blocks: list[Symbol]
@@ -33,7 +34,12 @@ class DerivedLayer:
     is_prox: bool = False
     certificate: Any = None
     regularizers: list[Any] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
+    payload: Any = None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The rule's payload as a dict (``{}`` without one)."""
+        return {} if self.payload is None else self.payload.as_dict()
 
     # ------------------------------------------------------------------ symbols
     @property

@@ -172,6 +172,12 @@ class Term:
     def __neg__(self) -> Term:
         return self * -1.0
 
+    def with_args(self, args: list[Affine]) -> Term:
+        """The same term (kind, scale, scalars) on new arguments."""
+        t = copy.copy(self)
+        t.args = list(args)
+        return t
+
     def __add__(self, other: Any) -> Any:
         from ..objective import Objective
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import cvxpy as cp
 import torch
 
+from .._lazy import cvxpy as cp
 from ..errors import NotDCPError, ScaleError
 from ..export import ExportContext
 from ..symbols import Env, Scalar, Symbol
@@ -29,6 +29,9 @@ class L1(Term):
     smooth = False
     #: the prox acts coordinate-wise (used by rules that compose 1-D proxes)
     separable = True
+    #: ``∂(c|·|)(v)`` depends on ``sign(v)`` only: ``prox_{f + c|·|} = prox_f ∘ soft_c`` for
+    #: every 1-D convex ``f`` with ``prox_f`` sign-preserving (``prox_f(0) = 0``)
+    sign_subdifferential = True
 
     def __init__(self, u: Any):
         super().__init__(u)
