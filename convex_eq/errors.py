@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+from typing import Any
+
 
 class ConvexEqError(Exception):
     """Base class: ``<term>: <what went wrong>. Hint: <what to do>``."""
@@ -37,7 +43,12 @@ class ExportError(ConvexEqError):
 
 
 class NotDCPError(ExportError):
-    """A term (or the collected quadratic form) is not DCP-representable."""
+    """A term (or the collected quadratic form) is not DCP-representable.
+
+    Also a ``cvxpy.error.DCPError`` (``except cp.error.DCPError`` catches it) as soon as cvxpy is
+    imported, by anyone: cvxpy is not imported with convex_eq, so the base is added when the
+    ``cvxpy.error`` module is loaded (see ``_adopt_dcp_base``).
+    """
 
 
 class LoweringError(ConvexEqError):
@@ -62,3 +73,39 @@ class SolverError(ConvexEqError, RuntimeError):
 
 class ConvergenceWarning(UserWarning):
     """A fixed-point iteration stopped before reaching its tolerance (warn mode)."""
+
+
+def _adopt_dcp_base(cvxpy_error: ModuleType) -> None:
+    """Make ``NotDCPError`` a subclass of ``cvxpy.error.DCPError`` as well (idempotent)."""
+    dcp = cvxpy_error.DCPError
+    if not issubclass(NotDCPError, dcp):
+        NotDCPError.__bases__ = (*NotDCPError.__bases__, dcp)
+
+
+class _OnCvxpyError(importlib.abc.MetaPathFinder):
+    """Runs ``_adopt_dcp_base`` right after ``cvxpy.error`` is first imported (then removes
+    itself), so the subclass relation holds without importing cvxpy with convex_eq."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "cvxpy.error":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None  # an unusual install: leave the import to the other finders
+        exec_module = loader.exec_module
+
+        def exec_and_adopt(module: ModuleType) -> None:
+            exec_module(module)
+            _adopt_dcp_base(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+
+        loader.exec_module = exec_and_adopt
+        return spec
+
+
+if "cvxpy.error" in sys.modules:
+    _adopt_dcp_base(sys.modules["cvxpy.error"])
+else:
+    sys.meta_path.insert(0, _OnCvxpyError())

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import cvxpy as cp
 import numpy as np
 
+from ._lazy import cvxpy as cp
 from .affine import Affine
 from .errors import ExportError, NotDCPError, ShapeError, SolverError
 from .symbols import Env, Symbol, as_tensor

@@ -24,6 +24,7 @@ from convex_eq.errors import (
 )
 from convex_eq.symbols import Symbol
 
+from ._compile import compile_disabled
 from .derived import DerivedLayer, broadcast_batch
 from .sam import SAMConfig, sam_iterate
 from .solvers import SolverStats, get_solver, rel_residual
@@ -203,7 +204,7 @@ class EquilibriumModule(nn.Module):
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
 
-    @torch.compiler.disable
+    @compile_disabled
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
                ) -> tuple[torch.Tensor, SolverStats]:
         """The forward solve (eager: data-dependent loops are not traced by torch.compile)."""
@@ -213,7 +214,7 @@ class EquilibriumModule(nn.Module):
             return get_solver(self.solver)(f, z0, tol=self.tol, max_iter=self.max_iter,
                                            **self.solver_options)
 
-    @torch.compiler.disable
+    @compile_disabled
     def _check(self, stats: SolverStats) -> None:
         self._check_stats(stats)
 

@@ -14,6 +14,8 @@ import torch
 
 from convex_eq.errors import OptionError
 
+from ._compile import compile_disabled
+
 MODES = ("spectral_norm", "project")
 
 
@@ -68,7 +70,7 @@ class WeightControl:
         v = self._power_vector(module, op, name, env, iters)
         return op.apply(v, env).norm()
 
-    @torch.compiler.disable
+    @compile_disabled
     def _power_vector(self, module: Any, op: Any, name: str, env: dict,
                       iters: int) -> torch.Tensor:
         """Power iteration on ``AᵀA`` from the stored vector; stops once ``σ̂²`` changes by

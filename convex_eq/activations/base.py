@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import cvxpy as cp
 import numpy as np
 import torch
 
+from .._lazy import cvxpy as cp
 from ..errors import NotDCPError, ScaleError
 from . import _numeric as nm
 
@@ -63,20 +63,18 @@ def zeros_with_grad(u: torch.Tensor) -> torch.Tensor:
 class Activation:
     """A nondecreasing, 1-Lipschitz scalar ``σ`` with convex potential ``f_σ = σ̃* - u²/2``.
 
-    Attributes
-    ----------
-    name : registry name.
-    lipschitz : ``L_σ = sup σ'`` (``≤ 1``).
-    domain : closure of ``range(σ)`` = ``cl dom f_σ`` (``±inf`` allowed).
-    conjugate_domain : closure of ``dom f_σ*`` = closure of the range of ``s - σ(s)``.
-    smooth_potential : ``True`` iff ``σ`` is strictly increasing, i.e. ``f_σ`` has no indicator
+    :ivar name: registry name.
+    :ivar lipschitz: ``L_σ = sup σ'`` (``≤ 1``).
+    :ivar domain: closure of ``range(σ)`` = ``cl dom f_σ`` (``±inf`` allowed).
+    :ivar conjugate_domain: closure of ``dom f_σ*`` = closure of the range of ``s - σ(s)``.
+    :ivar smooth_potential: ``True`` iff ``σ`` is strictly increasing, i.e. ``f_σ`` has no indicator
         part: ``σ⁻¹`` is single-valued and ``f_σ`` is differentiable on the interior of
         ``domain`` with ``∇f_σ = σ⁻¹ - id``, and ``prox_{t f_σ}`` (``t ≠ 1``) needs a nonlinear
         scalar solve.  It does NOT mean ``f_σ`` is finite on ℝ (tanh, sigmoid, softplus are
         ``+inf`` outside ``domain``; check ``domain``).  ``False`` for ReLU and hard-tanh, whose
         potentials are (shifted) indicators and whose ``prox_{t f_σ}`` is a projection.
-    latex_sigma : LaTeX of ``σ(t)``.
-    text_sigma : plain-text formula of ``σ(t)`` (for ``str``).
+    :ivar latex_sigma: LaTeX of ``σ(t)``.
+    :ivar text_sigma: plain-text formula of ``σ(t)`` (for ``str``).
     """
 
     name: str = "activation"

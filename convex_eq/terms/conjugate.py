@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 
-import cvxpy as cp
 import numpy as np
 import torch
 
 from convex_eq.terms.potential import act_latex as _sig
 
+from .._lazy import cvxpy as cp
 from ..activations import Activation
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ShapeError, SolverError
