@@ -54,6 +54,11 @@ class Certificate:
         return self.text
 
     def __str__(self) -> str:
+        """``text``, plus a warning when a condition fails at the evaluated weights."""
+        if self.kind == "conditional" and not self.holds:
+            bad = [c.text for c, v in zip(self.conditions, self.values)
+                   if not (v <= c.bound + c.tol if c.sense == "<=" else v >= c.bound - c.tol)]
+            return f"{self.text} — VIOLATED here ({'; '.join(bad)} fails): convexity not certified"
         return self.text
 
 
@@ -126,7 +131,10 @@ def _quadratic_conditions(obj: Objective) -> list[Condition]:
                                    f"\\|{m.op.latex()}\\|_2 \\le {bound:.4g}",
                                    lambda env, op=m.op: op.norm(env), bound, "<=", op=m.op))
             return conds
-    conds.append(Condition("λ_min(Q) ≥ 0", "\\lambda_{\\min}(Q) \\ge 0",
+    conds.append(Condition("λ_min(Q) ≥ 0, Q = Hessian of the quadratic terms + strong-convexity "
+                           "moduli of the convex terms",
+                           "\\lambda_{\\min}(Q) \\ge 0,\\ Q = \\nabla^2(\\text{quadratic terms}) + "
+                           "\\text{strong-convexity moduli}",
                            lambda env: quadratic_eigmin(obj, env), 0.0, ">="))
     return conds
 

@@ -7,7 +7,7 @@
 * ``deep_opteq``: deep OptEq, TPAMI §5 (Lemma 3 / Thm 2 / Cor 1),
   ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``;
 * ``geq``: GEQ/KerDEQ (docs/theory.md §3 rows 2-3), Gaussian-kernel similarity, whole or
-patch-split;
+  patch-split;
 * ``mopteq``: MOptEq with HH&D fusion (docs/theory.md §3 row 4), per-branch linear kernels
   ``+ ½ΣH - (λ/2)ΣD``.
 """
@@ -181,13 +181,26 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
 
 def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d: int = 8,
            activation: Any = "relu", *, lam: float = 0.1, weight_norm: float = 0.5,
-           seed: int = 0, decorrelation: bool = True) -> Objective:
+           seed: int = 0, decorrelation: bool = True, fusion: str | None = None
+           ) -> Objective:
     """MOptEq (HH&D fusion): ``Σ_i [Σf_σ(z_i) + ½||z_i||² - <q_i, z_i> - ½||W_i z_i||²]
-    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; docs/theory.md §3 row 4)."""
+    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; docs/theory.md §3 row 4).
+
+    ``fusion``: ``"HD"`` (both terms, the default), ``"H"`` (no decorrelation; the same as
+    ``decorrelation=False``) or ``"none"``: the parallel baseline POptEq, independent branches
+    ``z_i = σ(W_iᵀW_i z_i + U_i x + b_i)`` with neither term."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     k = len(shapes)
     if k < 2:
         raise ShapeError("MOptEq needs at least two branches", term="mopteq")
+    if fusion is None:
+        fusion = "HD" if decorrelation else "H"
+    elif fusion not in ("HD", "H", "none"):
+        raise ShapeError(f"unknown fusion {fusion!r}", term="mopteq",
+                         hint="use 'HD' (MOptEq), 'H' (no decorrelation) or 'none' (POptEq)")
+    elif fusion == "HD" and not decorrelation:
+        raise ShapeError("fusion='HD' contradicts decorrelation=False", term="mopteq",
+                         hint="pass only fusion=")
     lam_s = Scalar("lam", lam, low=0.0)
     x = Input("x", d)
     zs = [State(f"z{i + 1}", s) for i, s in enumerate(shapes)]
@@ -198,12 +211,16 @@ def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d:
         u = Weight(f"U{i + 1}", (zi.size, d), g.standard_normal((zi.size, d)) / math.sqrt(d))
         b = Weight(f"b{i + 1}", (zi.size,), 0.1 * g.standard_normal(zi.size))
         terms += [Potential(act, zi), SqNorm(zi), -Linear(u @ x + b, zi), -SqNorm(w @ zi)]
-    for i in range(k):
+    for i in range(k if fusion != "none" else 0):
         zi, zj = zs[i], zs[(i + 1) % k]
         p = downsample_or_identity(zj.shape, zi.shape)
         terms.append(Coupling(zi, zj, p) * -0.5)
-        if decorrelation:
+        if fusion == "HD":
             terms.append(ChannelDecorrelation(zi, zj, p) * lam_s * 0.5)
+    if fusion == "none":
+        obj = Objective(terms, name="popteq")
+        obj.reference = "POptEq: parallel OptEq branches without fusion, docs/theory.md §3 row 4"
+        return obj
     obj = Objective(terms, name="mopteq")
     obj.reference = "MOptEq HH&D fusion, docs/theory.md §3 row 4"
     return obj

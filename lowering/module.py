@@ -125,6 +125,8 @@ class EquilibriumModule(nn.Module):
     def _inputs(self, x: Any) -> dict[str, torch.Tensor]:
         if isinstance(x, dict):
             given = x
+        elif x is None and not self.input_syms:  # an input-free objective: mod(None)
+            given = {}
         else:
             if len(self.input_syms) != 1:
                 raise ShapeError(f"layer has inputs {[s.name for s in self.input_syms]}",
@@ -176,9 +178,13 @@ class EquilibriumModule(nn.Module):
                 ) -> Any:
         inputs = self._inputs(x)
         env = self.env()
-        b = next(iter(inputs.values())).shape[0]
-        dt = next(iter(inputs.values())).dtype
-        dev = next(iter(inputs.values())).device
+        # an input-free layer (mod(None) / mod({})) solves one sample, or z0's batch
+        like = next(iter(inputs.values()), None)
+        if like is None:
+            ref = next(iter(self.weights.values()), torch.zeros(()))
+            like = torch.zeros(z0.shape[0] if isinstance(z0, torch.Tensor) and z0.ndim else 1,
+                               dtype=ref.dtype, device=ref.device)
+        b, dt, dev = like.shape[0], like.dtype, like.device
         if z0 is None:
             z0 = torch.zeros(b, self.state_size, dtype=dt, device=dev)
         else:

@@ -24,7 +24,7 @@ def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
     conds = []
     cert = derived.certificate
     sources = list(cert.conditions) if cert is not None else []
-    sources += derived.info.get("conditions", [])
+    sources += [c for c in derived.info.get("conditions", []) if all(c is not o for o in sources)]
     for c in sources:
         op = getattr(c, "op", None)
         if op is not None and c.sense == "<=":

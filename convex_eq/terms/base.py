@@ -13,7 +13,7 @@ import torch
 
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ScaleError, ShapeError
-from ..symbols import Env, Scalar, Symbol
+from ..symbols import Env, Scalar, ScaledScalar, Symbol
 
 if TYPE_CHECKING:
     from ..export import ExportContext
@@ -150,6 +150,8 @@ class Term:
         return 1 if self.scale >= 0 else -1
 
     def __mul__(self, c: Any) -> Term:
+        if isinstance(c, ScaledScalar):  # (0.5·λ)·t = 0.5·(λ·t)
+            return (self * c.scalar) * c.factor
         t = copy.copy(self)
         if isinstance(c, Scalar):
             if c.low is None or c.low < 0:
