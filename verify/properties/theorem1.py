@@ -90,6 +90,7 @@ def lemma5_prox_characterization(case: OptEqCase) -> dict[str, float]:
     (a) ``f(z) = ∇ψ(z)`` with ``∇ψ`` by autograd of ``ψ``'s value (not its gradient rule), and
         the first-order convexity inequality ``ψ(v) ≥ ψ(u) + <f(u), v − u>``;
     (b) ``||f(u) − f(v)|| ≤ ||u − v||``;
+
     (i) ``f(x) = prox_φ(x)``: ``φ(f(x)) + ½||f(x) − x||² ≤ φ(w) + ½||w − x||²`` for the
         competitors ``w ∈ {f(x'), ½(f(x) + f(x'))}`` (points of ``dom φ``; outside it φ = +∞).
 
