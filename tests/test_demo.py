@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from convex_eq.demo import run
+from convex_eq_app.demo import run
 
 
 def test_quick_demo_writes_report_and_plots(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ import torch
 import convex_eq as ce
 import lowering
 from convex_eq import models
+from convex_eq_app.verify_command import add_parser
 from lowering.nodes import Combo, Var
 from verify import gradients as vgrad
 from verify.check import check
-from verify.cli import add_parser
 from verify.references import inclusion_residuals, wide_solution
 from verify.report import Report, Tolerances
 

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import models
-from .errors import ConvergenceWarning
-from .terms import L1, moreau
+import lowering
+from convex_eq import models
+from convex_eq.errors import ConvergenceWarning
+from convex_eq.terms import L1, moreau
 
 IMAGE = (1, 8, 8)
 MLP = "MLP (same #params)"
@@ -216,8 +217,6 @@ def _init_worker(q: Any) -> None:
 def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = False) -> dict:
     """Train model ``name`` on digits, verify its equilibrium layer on test inputs; returns the
     ``Result``, the layer's effective weights and its test features (picklable)."""
-    import lowering
-
     torch.set_num_threads(1)
     data = load_data(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -296,7 +295,7 @@ def verify_model(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
     """Worst verification gap of the trained layer on ``k`` test inputs (docs/theory.md §9
     reference):
     relative state error vs CVXPY / the local reference, and the verdict."""
-    from verify.check import check
+    from verify.check import check  # not at the top: the training workers never verify
 
     rep = check(model.eq, x[:k].double())
     errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]
@@ -392,8 +391,6 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
         workers: int | None = None) -> dict:
     """Run the whole demo; returns the results (also written to ``out``).  ``workers``:
     training processes (default ``DemoConfig.workers`` = 2; 1 trains in this process)."""
-    import lowering
-
     # the layers are small: one thread avoids OpenMP hand-off/spin costs that dominate tiny
     # convolutions (and make them 100x slower when the machine is busy)
     torch.set_num_threads(1)
