@@ -24,7 +24,7 @@ from .activations import get_activation
 from .composition import DeepComposition
 from .errors import ShapeError
 from .objective import Objective
-from .operators import Conv2d, downsample_or_identity
+from .operators import Conv1d, Conv2d, downsample_or_identity
 from .symbols import Input, Scalar, State, Weight
 from .terms import (
     Antiderivative,
@@ -47,14 +47,45 @@ def spectral_weight(name: str, shape: tuple[int, ...], norm: float = 0.9, seed: 
     return Weight(name, shape, w)
 
 
-def conv_weight(name: str, c_out: int, c_in: int, k: int, in_shape: tuple[int, int, int],
-                norm: float = 0.9, seed: int = 0, padding: int | None = None) -> Conv2d:
-    """A random convolution scaled to operator norm ``norm`` (power iteration)."""
+def conv_weight(name: str, c_out: int, c_in: int, k: int | tuple[int, ...],
+                in_shape: tuple[int, ...], norm: float = 0.9, seed: int = 0,
+                padding: int | tuple[int, ...] | None = None, groups: int = 1) -> Conv2d | Conv1d:
+    """A random convolution scaled to operator norm ``norm`` (power iteration): ``Conv2d`` on
+    ``in_shape = (C, H, W)``, ``Conv1d`` on ``(C, L)``; ``k`` an int or one size per spatial
+    dimension; ``groups = c_in`` is depthwise.  With the default "same" padding ``k_d // 2`` a
+    kernel size is capped at ``2n_d − 1`` (taps beyond it only ever see padding: their weights
+    would never train), e.g. ``k = 3`` on a ``(C, 1, 40)`` signal is a ``1×3`` kernel."""
+    spatial = tuple(in_shape[1:])
+    if len(spatial) not in (1, 2):
+        raise ShapeError(f"in_shape {in_shape} must be (C, L) or (C, H, W)", term=name)
+    ks = (k,) * len(spatial) if isinstance(k, int) else tuple(k)
+    if len(ks) != len(spatial):
+        raise ShapeError(f"kernel {k} has {len(ks)} sizes for {len(spatial)} spatial dims",
+                         term=name, hint=f"give one size per dimension of {spatial}")
+    if padding is None:
+        ks = tuple(min(kd, 2 * n - 1) for kd, n in zip(ks, spatial))
+        if any(kd % 2 == 0 for kd in ks):
+            raise ShapeError(f"kernel {ks} has an even size: 'same' padding k // 2 would change "
+                             "the feature map's size", term=name, hint="use odd kernel sizes")
+        padding = tuple(kd // 2 for kd in ks)
+    if c_in % groups or c_out % groups:
+        raise ShapeError(f"groups = {groups} must divide {c_in} input and {c_out} output "
+                         "channels", term=name)
     g = np.random.default_rng(seed)
-    w = Weight(name, (c_out, c_in, k, k), g.standard_normal((c_out, c_in, k, k)) / (k * k))
-    op = Conv2d(w, in_shape=in_shape, padding=k // 2 if padding is None else padding)
+    shape = (c_out, c_in // groups, *ks)
+    w = Weight(name, shape, g.standard_normal(shape) / math.prod(ks))
+    cls = Conv2d if len(spatial) == 2 else Conv1d
+    op = cls(w, in_shape=in_shape, padding=padding, groups=groups)
     w.value = w.value * (norm / op.norm())
     return op
+
+
+def _conv_spec(conv: tuple[Any, ...]) -> tuple[int, Any, int]:
+    """``(channels, kernel[, groups])`` of ``opteq(conv=…)`` / ``geq(conv=…)``."""
+    if len(conv) not in (2, 3):
+        raise ShapeError(f"conv={conv} must be (channels, kernel) or (channels, kernel, groups)",
+                         term="conv", hint="kernel: an int or one size per spatial dimension")
+    return conv[0], conv[1], (conv[2] if len(conv) == 3 else 1)
 
 
 def _injection(name: str, out_size: int, d: int, seed: int) -> tuple[Input, Any]:
@@ -67,23 +98,25 @@ def _injection(name: str, out_size: int, d: int, seed: int) -> tuple[Input, Any]
 
 def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
           form: str = "canonical", mu: float = 1.0, weight_norm: float = 0.9, seed: int = 0,
-          conv: tuple[int, int] | None = None, image: tuple[int, int, int] | None = None
+          conv: tuple[Any, ...] | None = None, image: tuple[int, ...] | None = None
           ) -> Objective:
     """OptEq. ``form="conjugate"``: ``φ(z) = ψ*(z) - ½||z||²``, ``ψ(z) = (1/μ)Σσ̃(Wz+Ux+b)``,
     ``W: m×n`` (layer ``(1/μ)Wᵀσ(Wz+q)``). ``form="canonical"``: ``Σf_σ(z) + ½||z||² - <q,z> -
-    ½||Wz||²`` (layer ``σ(WᵀWz + q)``). ``conv=(channels, kernel)`` with ``image=(C,H,W)`` of the
-    input uses convolutional ``U`` and ``W`` on a ``channels×H×W`` state (canonical form)."""
+    ½||Wz||²`` (layer ``σ(WᵀWz + q)``). ``conv=(channels, kernel[, groups])`` with
+    ``image=(C,H,W)`` (or ``(C,L)``: 1-D) of the input uses convolutional ``U`` and ``W`` on a
+    ``channels×H×W`` state; ``kernel`` an int or one size per dimension; ``groups = channels``
+    makes ``W`` depthwise (see ``conv_weight``)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     if conv is not None:
         if image is None:
             raise ShapeError("conv OptEq needs image=(C, H, W) of the input", term="opteq")
-        ch, k = conv
-        c0, hh, ww = image
-        z = State("z", (ch, hh, ww))
+        ch, k, groups = _conv_spec(conv)
+        c0, *sp = image
+        z = State("z", (ch, *sp))
         x = Input("x", image)
         u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
-        b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
-        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
+        b = Weight("b", (z.size,), np.zeros(z.size))
+        w_op = conv_weight("W", ch, ch, k, z.shape, norm=weight_norm, seed=seed, groups=groups)
         q = u_op @ x + b
         if form == "conjugate":
             psi = Antiderivative(act, w_op @ z + q) * (1.0 / mu)
@@ -134,7 +167,7 @@ def deep_opteq(L: int = 2, n: int = 12, m: int = 12, d: int = 6, activation: Any
 def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         gamma: float = 0.5, weight_norm: float = 0.9, seed: int = 0,
         patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4,
-        conv: tuple[int, int] | None = None) -> Objective:
+        conv: tuple[Any, ...] | None = None) -> Objective:
     """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b``
     (docs/theory.md §3 row 2);
     with ``patch`` and ``image=(C,H,W)`` (the layout of q and Wz) the patch-split kernel
@@ -145,13 +178,14 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         if image is None or patch is None:
             raise ShapeError("conv GEQ needs image=(C, H, W) of the input and a patch size",
                              term="geq")
-        ch, k = conv
+        ch, k, groups = _conv_spec(conv)
         c0, hh, ww = image
         z = State("z", (ch, hh, ww))
         x = Input("x", image)
         u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
         b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
-        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
+        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed,
+                           groups=groups)
         g = np.random.default_rng(seed + 3)
         dim = patch * patch * ch
         wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))

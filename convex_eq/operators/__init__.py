@@ -8,7 +8,7 @@ from .adjoint import Adjoint
 from .base import LinOp
 from .blockdiag import BlockDiag
 from .compose import Compose
-from .conv import Conv2d
+from .conv import Conv1d, Conv2d
 from .convert import as_operator
 from .dense import Dense
 from .identity import Identity
@@ -20,6 +20,7 @@ __all__ = [
     "AvgDownsample",
     "BlockDiag",
     "Compose",
+    "Conv1d",
     "Conv2d",
     "CyclicPermutation",
     "Dense",
