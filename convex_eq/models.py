@@ -166,12 +166,14 @@ def deep_opteq(L: int = 2, n: int = 12, m: int = 12, d: int = 6, activation: Any
 
 def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         gamma: float = 0.5, weight_norm: float = 0.9, seed: int = 0,
-        patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4,
-        conv: tuple[Any, ...] | None = None) -> Objective:
+        patch: int | tuple[int, int] | None = None, image: tuple[int, int, int] | None = None,
+        h: int = 4, conv: tuple[Any, ...] | None = None, channel_split: int | None = None
+        ) -> Objective:
     """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b``
     (docs/theory.md §3 row 2);
-    with ``patch`` and ``image=(C,H,W)`` (the layout of q and Wz) the patch-split kernel
-    ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3)."""
+    with ``patch`` (``p`` or ``(p_h, p_w)``) and ``image=(C,H,W)`` (the layout of q and Wz) the
+    patch-split kernel ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3), patches of
+    ``channel_split`` = ``c_s`` channels (default all)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     gam = Scalar("gamma", gamma, low=0.0, low_open=True)
     if conv is not None:
@@ -186,10 +188,9 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
         w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed,
                            groups=groups)
-        g = np.random.default_rng(seed + 3)
-        dim = patch * patch * ch
-        wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
-        s = PatchGaussianKernel(u_op @ x + b, w_op @ z, gam, patch, wh, (ch, hh, ww))
+        wh = _patch_weight(patch, channel_split or ch, h, seed)
+        s = PatchGaussianKernel(u_op @ x + b, w_op @ z, gam, patch, wh, (ch, hh, ww),
+                                channel_split=channel_split)
         obj = Objective([Potential(act, z), SqNorm(z), -s], name="geq-conv")
         obj.reference = "GEQ (conv, patch-split Gaussian kernel), docs/theory.md §3 row 3"
         return obj
@@ -202,15 +203,20 @@ def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
     else:
         if image is None or math.prod(image) != p:
             raise ShapeError(f"image layout {image} must have p = {p} entries", term="geq")
-        c = image[0]
-        g = np.random.default_rng(seed + 3)
-        dim = patch * patch * c
-        wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
-        s = PatchGaussianKernel(q, w @ z, gam, patch, wh, image)
+        wh = _patch_weight(patch, channel_split or image[0], h, seed)
+        s = PatchGaussianKernel(q, w @ z, gam, patch, wh, image, channel_split=channel_split)
         name, ref = "geq-patch", "GEQ with patch splitting, docs/theory.md §3 row 3"
     obj = Objective([Potential(act, z), SqNorm(z), -s], name=name)
     obj.reference = ref
     return obj
+
+
+def _patch_weight(patch: int | tuple[int, int], cs: int, h: int, seed: int) -> Weight:
+    """``W_h``: ``(c_s·p_h·p_w) × h``, entries ``N(0, 1/dim)``."""
+    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    dim = cs * ph * pw
+    g = np.random.default_rng(seed + 3)
+    return Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
 
 
 def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d: int = 8,
