@@ -139,6 +139,7 @@ def _diverged(name: str, err: NonFiniteError, bsz: int, tol: float) -> Equilibri
 
 def info_from_stats(name: str, st: SolverStats, hist: torch.Tensor, tol: float
                     ) -> EquilibriumInfo:
+    """Summarize a solve (iterations per sample, worst ``||z − T(z)||/||z||``, converged)."""
     return EquilibriumInfo(name, tol, [int(i) for i in st.iterations.tolist()],
                            float(st.max_residual), bool(st.converged.all()),
                            hist.detach().cpu().numpy())

@@ -35,6 +35,7 @@ class Condition:
     op: Any = None  # the operator whose norm is measured, if any (used by weight control)
 
     def value(self, env: Env | None = None) -> float:
+        """The measured quantity ``measure(env)`` that the condition compares with ``bound``."""
         return float(self.measure(env))
 
     def holds(self, env: Env | None = None) -> bool:
@@ -114,6 +115,7 @@ class Term:
         """Shape rule; default: nothing beyond the affine args' own consistency."""
 
     def states(self) -> list[Symbol]:
+        """The ``State`` symbols the term depends on, in order of first appearance."""
         out: list[Symbol] = []
         for a in self.args:
             for s in a.states():
@@ -199,6 +201,8 @@ class Term:
         return c if self.coef_sign() > 0 else c.flipped()
 
     def raw_curvature(self) -> Curvature:
+        """Curvature of ``f`` itself (before the coefficient) with its conditions (docs/theory.md
+        §3)."""
         return Curvature(self.base_curvature)
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
@@ -218,6 +222,7 @@ class Term:
         return torch.zeros_like(raw) if c == 0 else c * raw
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``f(u_1, …, u_k)`` per sample, shape ``(B,)``, at the evaluated arguments ``us``."""
         raise NotImplementedError(f"{type(self).__name__} must implement raw_value")
 
     def grad(self, values: Values, env: Env | None = None, wrt: str = "state"
@@ -242,6 +247,7 @@ class Term:
         return out
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇_{u_i} f(u_1, …, u_k)`` per argument (``None`` where ``f`` does not depend on it)."""
         raise NotImplementedError(f"{type(self).__name__} must implement raw_grad")
 
     def grad_lipschitz(self, env: Env | None = None) -> float:
@@ -256,6 +262,7 @@ class Term:
         return abs(self.coef(env)) * tot
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """Per argument, a bound on ``Lip(∇_{u_i} f)`` (``inf`` when none is known)."""
         return [math.inf] * len(self.args)
 
     def grad_text(self, latex: bool = False) -> list[str | None] | None:
@@ -274,6 +281,7 @@ class Term:
 
     @property
     def has_prox(self) -> bool:
+        """``True`` iff ``prox_{t·coef·f}`` has a closed form on a bare state argument."""
         return self.prox_state is not None and type(self).raw_prox is not Term.raw_prox
 
     def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None) -> torch.Tensor:
@@ -289,6 +297,8 @@ class Term:
         return self.raw_prox(v, c, env)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """``prox_{t f}(v) = argmin_u f(u) + ||u − v||²/(2t)`` in closed form (docs/theory.md,
+        notation)."""
         raise LoweringError("no closed-form prox", term=str(self))
 
     # ----------------------------------------------------------- conjugate
@@ -339,6 +349,7 @@ class Term:
 
 
 def single_arg(term: Term) -> Affine:
+    """The term's only affine argument (a ``ShapeError`` when it has several)."""
     if len(term.args) != 1:
         raise ShapeError(f"expected one argument, got {len(term.args)}", term=str(term))
     return term.args[0]
@@ -350,6 +361,7 @@ def batch_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def require_states(args: Sequence[Affine], term: str) -> None:
+    """Refuse a term none of whose arguments involves a state (it would be a constant)."""
     if not any(a.states() for a in args):
         raise ShapeError("term does not depend on any state", term=term,
                          hint="terms of the hidden objective must involve the equilibrium state")

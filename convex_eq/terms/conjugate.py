@@ -73,6 +73,7 @@ class SeparableAffineConjugate(Term):
 
     # ---------------------------------------------------------------- value
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """Not used: ``ψ*`` is evaluated by ``value`` (an inner maximization), not per argument."""
         raise AssertionError("SeparableAffineConjugate overrides value()")
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
@@ -126,9 +127,12 @@ class SeparableAffineConjugate(Term):
 
     # ---------------------------------------------------------------- structure
     def raw_curvature(self) -> Curvature:
+        """Convex: a convex conjugate (docs/theory.md §2)."""
         return Curvature("convex", reason="a convex conjugate")
 
     def strong_convexity(self) -> StrongConvexity | None:
+        """``ψ*`` is ``1/(s L_σ ||M||₂²)``-strongly convex, since ``∇ψ`` is ``s L_σ
+        ||M||₂²``-Lipschitz."""
         if self.coef_sign() < 0 or self.scalars:
             return None
         return StrongConvexity(self.state, self.scale / (self.s * self.act.lipschitz), self.op,
@@ -148,6 +152,7 @@ class SeparableAffineConjugate(Term):
         return Antiderivative(self.act, u) * self.s
 
     def conjugate(self) -> Term:
+        """``(ψ*)* = ψ = s Σσ̃(Mz + q)`` (closed, convex ``ψ``)."""
         if self.scale != 1.0 or self.scalars:
             return super().conjugate()
         return self.primal()

@@ -97,16 +97,20 @@ class Coupling(_PairTerm):
     smooth = True
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``H(u, v) = uᵀ P v`` per sample."""
         return batch_dot(us[0], self.P.apply(us[1], env))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇_u H = P v``, ``∇_v H = Pᵀ u``."""
         return [self.P.apply(us[1], env), self.P.adjoint(us[0], env)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``||P||₂`` for each argument (``∇H`` is linear with norm ``||P||₂``)."""
         n = float(self.P.norm(env))
         return [n, n]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: the bilinear ``uᵀ P v`` is indefinite (docs/theory.md §3 row 4)."""
         return Curvature("unknown", reason="the bilinear coupling z_iᵀ P z_j is indefinite")
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
@@ -117,6 +121,7 @@ class Coupling(_PairTerm):
         return [f"{p} {_wrap(uj, False)}", f"{p}ᵀ {_wrap(ui, False)}"]
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        """One quadratic summand ``coef·<u, P v>`` (for the objective's quadratic form)."""
         ui, uj = self.args
         return [QuadPart(self.coef(env), ui, uj.map(self.P), str(self))]
 
@@ -186,11 +191,14 @@ class ChannelDecorrelation(_PairTerm):
         return u, v, u @ v.transpose(1, 2)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_{k1} Σ_{k2≠k1} |⟨u^{(k1)}, (P v)^{(k2)}⟩|`` per sample."""
         _, _, m = self._corr(us, env)
         a = m.abs()
         return a.sum(dim=(1, 2)) - torch.diagonal(a, dim1=1, dim2=2).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """A.e. gradient: ``sign`` of the off-diagonal correlations times the other argument's
+        channels."""
         u, v, m = self._corr(us, env)
         g = torch.sign(m)
         g = g - torch.diag_embed(torch.diagonal(g, dim1=1, dim2=2))
@@ -216,6 +224,7 @@ class ChannelDecorrelation(_PairTerm):
     subgradient = grad
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: sums of absolute cross-correlations are neither convex nor concave."""
         return Curvature("unknown",
                          reason="the channel decorrelation Σ|⟨z_i^(k1), (P z_j)^(k2)⟩| is "
                          "neither convex nor concave")

@@ -75,11 +75,13 @@ class BatchDecorrelation(Term):
         return 0.5 * (off * off).sum()
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``½||D Z Zᵀ D − I||_F²`` of the batch, shared equally by the ``B`` samples."""
         u = us[0]
         b = u.shape[0]
         return (self.batch_value(u) / b).expand(b)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∂R/∂Z`` through the row normalization ``Ẑ = D Z`` (batch-coupled)."""
         zh, safe = _normalized_rows(us[0])
         off = _off_diagonal(zh @ zh.transpose(0, 1))
         g = 2.0 * off @ zh  # ∂R/∂Ẑ, (m, B)
@@ -87,9 +89,11 @@ class BatchDecorrelation(Term):
         return [gz.transpose(0, 1)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``inf``: the gradient has no global Lipschitz bound (row normalization)."""
         return [math.inf]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: batch decorrelation is not convex (docs/theory.md §4)."""
         return Curvature("unknown", reason="batch decorrelation is not convex")
 
     def export(self, ctx: ExportContext) -> None:

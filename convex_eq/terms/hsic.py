@@ -102,11 +102,13 @@ class HSIC(Term):
         return total / (2.0 * (u.shape[0] - 1) ** 2)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_{i<j} HSIC_b(x_i, x_j)`` of the batch, shared equally by the ``B`` samples."""
         u = us[0]
         b = u.shape[0]
         return (self.batch_value(u, env) / b).expand(b)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """Gradient of the batch HSIC through the RBF Gram matrices (batch-coupled)."""
         u = us[0]
         x, k, sigma = self._grams(u, env)
         kc = _centre(k)
@@ -116,9 +118,11 @@ class HSIC(Term):
         return [gx.transpose(0, 1)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``inf``: no global Lipschitz bound is claimed."""
         return [math.inf]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: HSIC with RBF kernels is not convex (docs/theory.md §4)."""
         return Curvature("unknown", reason="HSIC with RBF kernels is not convex")
 
     def export(self, ctx: ExportContext) -> None:

@@ -68,18 +68,22 @@ class FeatureIncay(Term):
         return e
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``R(u) = 2/(||u||² + 2ε)`` per sample."""
         u = us[0]
         return 2.0 / ((u * u).sum(dim=-1) + 2.0 * self.eps_value(env))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇R(u) = −4u/(||u||² + 2ε)²`` (docs/theory.md §4: the step enlarges ``u``)."""
         u = us[0]
         a = (u * u).sum(dim=-1, keepdim=True) + 2.0 * self.eps_value(env)
         return [-4.0 * u / (a * a)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``1/ε²``, a bound on ``Lip(∇R)`` (the Hessian norm is largest at ``u = 0``: ``1/ε²``)."""
         return [1.0 / self.eps_value(env) ** 2]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: concave near ``u = 0``, convex along ``u`` far out (docs/theory.md §4)."""
         return Curvature(
             "unknown",
             reason="feature incay 2/(||z||²+2ε) is neither convex nor concave "

@@ -40,12 +40,15 @@ class L1(Term):
         require_states(self.args, str(self))
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``||u||₁ = Σ_j |u_j|`` per sample."""
         return us[0].abs().sum(dim=-1)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """Soft-thresholding ``prox_{t||·||₁}(v) = sign(v)·max(|v| − t, 0)``."""
         return torch.sign(v) * torch.clamp(v.abs() - t, min=0.0)
 
     def raw_curvature(self) -> Curvature:
+        """Convex: a norm."""
         return Curvature("convex", reason="a norm")
 
     def prox_text(self, arg: str, t: float, latex: bool = False) -> str:
@@ -131,6 +134,7 @@ class LinfBallIndicator(Term):
         return r
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``ι_{||u||∞ ≤ r}(u)``: ``0`` inside the ball (up to rounding), ``+inf`` outside."""
         u = us[0]
         r = self.radius_value(env)
         slack = 8.0 * torch.finfo(u.dtype).eps * max(r, 1.0) if u.is_floating_point() else 0.0
@@ -139,10 +143,12 @@ class LinfBallIndicator(Term):
         return torch.where(inside, zero, torch.full_like(zero, math.inf))
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """Projection onto the ball: ``clamp(v, −r, r)`` for every step ``t``."""
         r = self.radius_value(env)
         return torch.clamp(v, -r, r)
 
     def raw_curvature(self) -> Curvature:
+        """Convex: the indicator of a convex set."""
         return Curvature("convex", reason="indicator of a convex set")
 
     def conjugate(self) -> Term:

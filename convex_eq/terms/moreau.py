@@ -41,6 +41,7 @@ class MoreauEnvelope(Term):
 
     @property
     def state(self) -> Symbol:
+        """The state the envelope smooths (the inner objective's state)."""
         return self.inner.states[0]
 
     def mu_value(self, env: Env | None = None) -> float:
@@ -61,6 +62,7 @@ class MoreauEnvelope(Term):
         return self.inner.prox(v, t, values, env)
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
+        """``coef·M_f^μ(v) = coef·(f(p) + ||p − v||²/(2μ))`` with ``p = prox_{μf}(v)``."""
         mu = self.mu_value(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
@@ -69,6 +71,7 @@ class MoreauEnvelope(Term):
         return self.coef(env) * (fv + ((p - v) ** 2).sum(-1) / (2 * mu))
 
     def grad(self, values: dict, env: Env | None = None) -> dict[str, torch.Tensor]:
+        """``∇(coef·M_f^μ)(v) = coef·(v − prox_{μf}(v))/μ``."""
         mu = self.mu_value(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
@@ -90,6 +93,8 @@ class MoreauEnvelope(Term):
 
     @property
     def has_prox(self) -> bool:
+        """``True``: ``prox_{λM_f^μ}(x) = x + λ/(μ+λ)·(prox_{(μ+λ)f}(x) − x)`` (docs/theory.md §4
+        row 1)."""
         return True
 
     def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None,
@@ -103,6 +108,7 @@ class MoreauEnvelope(Term):
 
     # ---------------------------------------------------------------- structure
     def raw_curvature(self) -> Curvature:
+        """Convex with the inner objective's conditions when ``f`` is convex, else unknown."""
         cert = self.inner.certificate_structure()
         if cert.kind == "convex":
             return Curvature("convex", list(cert.conditions),

@@ -54,19 +54,25 @@ class Potential(_ActivationTerm):
         return self.act.name in _SMOOTH_POTENTIAL_LIP
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j f_σ(u_j)`` per sample (``+inf`` outside the closed range of ``σ``)."""
         return self.act.potential(us[0]).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇f_σ(u) = σ⁻¹(u) − u`` on the interior of the domain (smooth potentials)."""
         return [self.act.potential_grad(us[0])]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """A bound on ``Lip(σ⁻¹ − id)`` where the activation has one, else ``inf``."""
         f = _SMOOTH_POTENTIAL_LIP.get(self.act.name)
         return [math.inf if f is None else f(self.act)]
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """``prox_{t f_σ}(v)``; for ``t = 1`` it is ``σ(v)`` (docs/theory.md §1)."""
         return self.act.prox(v, t)
 
     def strong_convexity(self) -> StrongConvexity | None:
+        """``c·f_σ`` is ``c(1/L_σ − 1)``-strongly convex (``f_σ + ½u²`` is ``1/L_σ``-strongly
+        convex)."""
         s = self.prox_state
         if s is None or self.coef_sign() < 0 or self.scalars:
             return None
@@ -74,6 +80,7 @@ class Potential(_ActivationTerm):
         return StrongConvexity(s, m) if m > 0 else None
 
     def conjugate(self) -> Term:
+        """``(c·Σf_σ)*(y) = c·Σf_σ*(y/c)`` (a ``PotentialConjugate``)."""
         if self.prox_state is None or self.scalars:
             return super().conjugate()
         return self.scale * PotentialConjugate(self.act, single_arg(self), self.scale)
@@ -107,13 +114,16 @@ class PotentialConjugate(_ActivationTerm):
         super().__init__(act, u)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j f_σ*(y_j/c)`` per sample."""
         return self.act.conjugate_potential(us[0] / self.c).sum(dim=-1)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
         # prox_{t·f*(·/c)}(v) = c·prox_{(t/c²) f*}(v/c)
+        """``prox_{t f*(·/c)}(v) = c·prox_{(t/c²) f*}(v/c)``."""
         return self.c * self.act.prox_conjugate(v / self.c, t / self.c**2)
 
     def conjugate(self) -> Term:
+        """``(c·Σf_σ*(·/c))* = c·Σf_σ`` (closed convex ``f_σ``)."""
         return Potential(self.act, single_arg(self)) * self.c
 
     def raw_latex(self) -> str:
@@ -131,12 +141,15 @@ class Antiderivative(_ActivationTerm):
     smooth = True
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j σ̃(u_j)``, ``σ̃(a) = ∫_0^a σ`` per sample."""
         return self.act.antiderivative(us[0]).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇σ̃(u) = σ(u)`` elementwise."""
         return [self.act.sigma(us[0])]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``L_σ``: ``σ`` is ``L_σ``-Lipschitz."""
         return [self.act.lipschitz]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
@@ -146,6 +159,8 @@ class Antiderivative(_ActivationTerm):
         return [f"{self.act.name}({u})"]
 
     def conjugate(self) -> Term:
+        """``(c·Σσ̃(u))* = c·Σσ̃*(·/c)`` on a state, or ``ψ*`` of ``s·Σσ̃(Mz + q)`` (docs/theory.md
+        §2)."""
         from .conjugate import SeparableAffineConjugate
 
         if self.scalars or self.scale <= 0:
@@ -170,19 +185,23 @@ class AntiderivativeConjugate(_ActivationTerm):
     smooth = False
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j σ̃*(u_j) = Σ_j f_σ(u_j) + ½||u||²`` per sample (docs/theory.md §1)."""
         return self.act.antiderivative_conjugate(us[0]).sum(dim=-1)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
         # prox_{t(f + ½u²)}(v) = prox_{t/(1+t) f}(v/(1+t))
+        """``prox_{t(f_σ + ½u²)}(v) = prox_{(t/(1+t)) f_σ}(v/(1+t))``."""
         return self.act.prox(v / (1.0 + t), t / (1.0 + t))
 
     def strong_convexity(self) -> StrongConvexity | None:
+        """``c·Σσ̃*`` is ``c/L_σ``-strongly convex (``σ̃`` has ``L_σ``-Lipschitz gradient)."""
         s = self.prox_state
         if s is None or self.coef_sign() < 0 or self.scalars:
             return None
         return StrongConvexity(s, self.scale / self.act.lipschitz)
 
     def conjugate(self) -> Term:
+        """``(c·Σσ̃*(u))* = c·Σσ̃(·/c)`` (closed convex ``σ̃``)."""
         if self.prox_state is None or self.scalars:
             return super().conjugate()
         return self.scale * Antiderivative(self.act, single_arg(self) * (1 / self.scale))
