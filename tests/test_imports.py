@@ -94,3 +94,19 @@ def test_help_loads_no_heavy_dependency() -> None:
         print(sorted(m for m in HEAVY + ("torch",) if m in sys.modules))
     """)
     assert out.strip().splitlines()[-1] == "[]", out
+
+
+def test_verify_properties_import_without_hypothesis() -> None:
+    out = _run("""
+        sys.modules["hypothesis"] = None  # as on a plain install: import hypothesis fails
+        import verify.properties as P
+        from verify.properties.cases import opteq_case
+        print(len(P.PROPERTIES))
+        try:
+            P.PROPERTIES[0].strategy()
+        except ImportError as err:
+            print("refused:", err)
+    """)
+    count, refused = out.strip().splitlines()
+    assert int(count) > 0
+    assert refused.startswith("refused:") and "pip install 'convex-eq[test]'" in refused

@@ -11,7 +11,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import ROUND, check, rel_err
-from .strategies import MLPCase
+from .cases import MLPCase
 
 #: output agreement required by the issue (float64 gives ~1e-13; the factorization goes through
 #: pseudo-inverses, so ill-conditioned drawn layers lose a few digits, never 8)

@@ -11,7 +11,7 @@ import torch
 import lowering
 
 from ._common import STAT_TOL, check, equilibrium, stationarity_residual
-from .strategies import MOptEqCase, OptEqCase
+from .cases import MOptEqCase, OptEqCase
 
 
 def mopteq_prop1_stationary(case: MOptEqCase) -> dict[str, float]:

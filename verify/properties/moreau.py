@@ -8,7 +8,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import FP_TOL, ROUND, check, equilibrium, rel_err
-from .strategies import OptEqCase
+from .cases import OptEqCase
 
 
 def moreau_edit_keeps_fixed_points(case: OptEqCase) -> dict[str, float]:

@@ -18,7 +18,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import CVX_TOL, ROUND, check, cvxpy_states, equilibrium, rel_err, t64
-from .strategies import OptEqCase
+from .cases import OptEqCase
 
 
 def _reg(case: OptEqCase) -> Any:

@@ -15,7 +15,7 @@ import torch
 import lowering
 
 from ._common import ROUND, check, jacobian, nrm
-from .strategies import OptEqCase
+from .cases import OptEqCase
 
 
 def _layer(case: OptEqCase) -> tuple[Any, Any]:
