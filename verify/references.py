@@ -33,7 +33,16 @@ from convex_eq.objective import Objective
 from convex_eq.terms.conjugate import SeparableAffineConjugate
 from lowering.solvers import solve
 
-from .lifting import LiftedProblem, MinResult, lift, minimize, partial_value, second_order
+from .lifting import (
+    LiftedProblem,
+    MinResult,
+    lift,
+    lift_batch,
+    minimize,
+    partial_value,
+    second_order,
+)
+from .unwind import unwind
 
 T64 = torch.float64
 
@@ -184,11 +193,34 @@ def objective_value(obj: Objective, z: Mapping[str, np.ndarray], inputs: Mapping
             return val
     except (ConvexEqError, NotImplementedError, RuntimeError):
         pass
+    val = _domain_value(obj, z, inputs, env)
+    if val is not None:
+        return val
     if exported is not None:
         return value_at_states_cvxpy(exported, z, opts or CLARABEL_TIGHT)
     if lifted is not None:
         return partial_value(lifted, z)
     return None
+
+
+def _domain_value(obj: Objective, z: Mapping[str, np.ndarray], inputs: Mapping[str, Any],
+                  env: Mapping[str, Any]) -> float | None:
+    """``G(z)`` on the lifted problem of the innermost objective at ``u = A(z)``, with round-off
+    outside a closed domain bound (≤ 1e-10 relative, e.g. one ulp after ``A⁻¹∘T∘A``) clipped
+    back — a direct evaluation reads +∞ there; None where that does not apply."""
+    try:
+        uw = unwind(obj, env, envelopes=False)
+        ins = {k: torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(1, -1))
+               for k, v in inputs.items()}
+        p = lift(uw.inner, ins, env)
+        v = p.lift_point(uw.forward({k: np.asarray(a, dtype=np.float64).reshape(-1)
+                                     for k, a in z.items()}))
+        if v is None or p.coupled or any(b.origin == "aux" for b in p.blocks):
+            return None
+        val = p.value(v)
+    except (ConvexEqError, NotImplementedError, RuntimeError, KeyError, np.linalg.LinAlgError):
+        return None
+    return val if math.isfinite(val) else None
 
 
 # ---------------------------------------------------------------------- local (non-convex)
@@ -216,13 +248,21 @@ def local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Map
     the independent stationarity residual at the layer's state (projected gradient of the
     lifted objective, autograd) and the second-order check there."""
     with np.errstate(all="ignore"):
-        return _local_reference(obj, inputs, env, z_layer, starts, rng)
+        return _local_reference(lift(obj, inputs, env), z_layer, starts, rng)
 
 
-def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
-                     env: Mapping[str, Any], z_layer: Mapping[str, np.ndarray], starts: int,
+def batch_local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
+                          env: Mapping[str, Any], z_layer: Mapping[str, np.ndarray],
+                          starts: int, rng: np.random.Generator) -> LocalOutcome:
+    """``local_reference`` for a batch-coupled objective: one problem over the whole batch
+    (``lift_batch``; inputs and ``z_layer`` are ``(B, size)``); states come back ``(B, size)``
+    and values are those of the batch objective."""
+    with np.errstate(all="ignore"):
+        return _local_reference(lift_batch(obj, inputs, env), z_layer, starts, rng)
+
+
+def _local_reference(p: LiftedProblem, z_layer: Mapping[str, np.ndarray], starts: int,
                      rng: np.random.Generator) -> LocalOutcome:
-    p = lift(obj, inputs, env)
     v_star = p.lift_point(z_layer)
     inits: list[np.ndarray] = []
     scale = max(1.0, float(np.sqrt(sum(float(np.sum(np.square(v))) for v in z_layer.values()) /
@@ -239,7 +279,7 @@ def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
     at_layer = 0
     for r in sols:
         zs = p.states(r.v)
-        zz = np.concatenate([zs[s] for s in p.top_states])
+        zz = np.concatenate([np.asarray(zs[s]).reshape(-1) for s in p.top_states])
         d = float(np.linalg.norm(zz - zl)) / max(float(np.linalg.norm(zl)), 1e-3)
         at_layer += int(d <= 1e-5)
         if d < best_d:

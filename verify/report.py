@@ -4,11 +4,23 @@ pass/fail; prints as an aligned plain-text table, writes Markdown with PNG plots
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def worst(vals: list[float]) -> float | None:
+    """NaN-aware maximum: NaN if any value is NaN (Python's ``max`` keeps or drops a NaN
+    depending on its position), None for no values."""
+    if not vals:
+        return None
+    if any(math.isnan(v) for v in vals):
+        return math.nan
+    return max(vals)
 
 
 @dataclass(frozen=True)
@@ -166,9 +178,9 @@ class Report:
 
     # ------------------------------------------------------------------ aggregates
     def _max(self, attr: str) -> float | None:
-        vals = [getattr(s, attr) for s in self.samples if getattr(s, attr) is not None]
-        vals = [abs(v) for v in vals if not (isinstance(v, float) and math.isnan(v))]
-        return max(vals) if vals else None
+        """Largest ``|value|`` over the samples; NaN if any sample's value is NaN (a NaN sample
+        is never dropped from a maximum: the table must show what the failure says)."""
+        return worst([abs(v) for s in self.samples if (v := getattr(s, attr)) is not None])
 
     @property
     def max_rel_error(self) -> float | None:
@@ -196,8 +208,7 @@ class Report:
         return min(vals) if vals else None
 
     def max_block_residual(self, key: str) -> float | None:
-        vals = [s.block_residuals[key] for s in self.samples if key in s.block_residuals]
-        return max(vals) if vals else None
+        return worst([s.block_residuals[key] for s in self.samples if key in s.block_residuals])
 
     # ------------------------------------------------------------------ table
     def rows(self) -> list[tuple[str, str, str, str]]:
@@ -266,20 +277,11 @@ class Report:
         return r
 
     def __str__(self) -> str:
-        rows = [("quantity", "value", "tolerance", "verdict"), *self.rows()]
-        width = [min(max(len(row[i]) for row in rows), cap) for i, cap in
-                 enumerate((52, 90, 24, 7))]
-        lines = []
-        for k, row in enumerate(rows):
-            cells = []
-            for i, cell in enumerate(row):
-                cell = cell if len(cell) <= width[i] or i == 1 else cell[:width[i] - 1] + "…"
-                cells.append(cell.ljust(width[i]))
-            lines.append("  ".join(cells).rstrip())
-            if k == 0:
-                lines.append("  ".join("-" * w for w in width))
-        extra = [f"note: {n}" for n in self.notes] + [f"failure: {f}" for f in self.failures]
-        return "\n".join(lines + extra)
+        """The table in at most ``TABLE_WIDTH`` columns: long cells wrap onto more lines."""
+        return console_table([("quantity", "value", "tolerance", "verdict"), *self.rows()],
+                             caps=(32, None, 14, 7), notes=[
+                                 *(f"note: {n}" for n in self.notes),
+                                 *(f"failure: {f}" for f in self.failures)])
 
     def __repr__(self) -> str:
         return f"<Report {self.status}>"
@@ -370,3 +372,33 @@ def _fmt(v: Any) -> str:
             return "inf" if v > 0 else "-inf"
         return f"{v:.3e}" if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4) else f"{v:.4g}"
     return str(v)
+
+
+#: console tables (``str(report)``, ``convex-eq verify``) fit this many columns
+TABLE_WIDTH = 100
+
+
+def console_table(rows: Sequence[tuple[str, ...]], caps: tuple[int | None, ...],
+                  notes: Sequence[str] = (), width: int = TABLE_WIDTH) -> str:
+    """Rows (the first is the header) as aligned columns of at most ``width`` characters:
+    column ``i`` is at most ``caps[i]`` wide (``None``: what is left), cells wrap at spaces
+    (a word longer than its column is split); notes wrap with a hanging indent."""
+    sep = "  "
+    fixed = [min(max(len(r[i]) for r in rows), c) for i, c in enumerate(caps) if c is not None]
+    free = width - sum(fixed) - len(sep) * (len(caps) - 1)
+    widths, it = [], iter(fixed)
+    for i, c in enumerate(caps):
+        widths.append(next(it) if c is not None else
+                      max(8, min(free, max(len(r[i]) for r in rows))))
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
+                 for cell, w in zip(row, widths)]
+        for j in range(max(len(c) for c in cells)):
+            parts = [(c[j] if j < len(c) else "").ljust(w) for c, w in zip(cells, widths)]
+            lines.append(sep.join(parts).rstrip())
+        if k == 0:
+            lines.append(sep.join("-" * w for w in widths))
+    for n in notes:
+        lines += textwrap.wrap(n, width, subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)
