@@ -104,10 +104,12 @@ class LiftedProblem:
 
     @property
     def lower(self) -> np.ndarray:
+        """Lower bounds of the lifted variables (``-inf`` where unbounded)."""
         return np.concatenate([b.lo for b in self.blocks]) if self.blocks else np.zeros(0)
 
     @property
     def upper(self) -> np.ndarray:
+        """Upper bounds of the lifted variables (``+inf`` where unbounded)."""
         return np.concatenate([b.hi for b in self.blocks]) if self.blocks else np.zeros(0)
 
     def clip(self, v: np.ndarray) -> np.ndarray:
@@ -164,6 +166,7 @@ class LiftedProblem:
         return float(f), g
 
     def grad(self, v: np.ndarray) -> np.ndarray:
+        """``∇F(v)`` of the lifted objective (exact, by autograd)."""
         return self.fun_grad(v)[1]
 
     def smooth_grad(self, v: np.ndarray, raw: bool = False) -> np.ndarray:
@@ -249,10 +252,12 @@ class LiftedProblem:
         return v
 
     def bounds(self) -> list[tuple[float | None, float | None]]:
+        """The box ``lo ≤ v ≤ hi`` in scipy's format (``None`` for an infinite bound)."""
         return [(None if not np.isfinite(a) else float(a), None if not np.isfinite(b) else float(b))
                 for a, b in zip(self.lower, self.upper)]
 
     def has_bounds(self) -> bool:
+        """``True`` iff some lifted variable has a finite bound."""
         return bool(np.isfinite(self.lower).any() or np.isfinite(self.upper).any())
 
 
@@ -272,10 +277,12 @@ class BatchLifted(LiftedProblem):
 
     @property
     def lower(self) -> np.ndarray:
+        """Lower bounds of the stacked batch variables."""
         return np.tile(self.one.lower, self.batch)
 
     @property
     def upper(self) -> np.ndarray:
+        """Upper bounds of the stacked batch variables."""
         return np.tile(self.one.upper, self.batch)
 
     def split(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -283,16 +290,20 @@ class BatchLifted(LiftedProblem):
         return self.one.split(v.reshape(self.batch, self.one.n))
 
     def values_t(self, v: torch.Tensor) -> torch.Tensor:
+        """``F`` of the whole batch (one value: the batch objective couples the samples)."""
         return super().values_t(v.reshape(1, self.n)).sum().reshape(1)
 
     def grads(self, vs: np.ndarray) -> np.ndarray:
+        """``∇F`` at each stacked batch point of ``vs`` (one gradient per row)."""
         return np.stack([self.grad(v) for v in vs])
 
     def prox_step(self, w: np.ndarray, t: float = 1.0) -> np.ndarray:
+        """``prox_{t·g}`` applied sample by sample (``g`` is separable across samples)."""
         rows = np.asarray(w, dtype=np.float64).reshape(self.batch, self.one.n)
         return np.concatenate([self.one.prox_step(r, t) for r in rows])
 
     def rows(self, v: np.ndarray) -> np.ndarray:
+        """The stacked variable ``(B·N,)`` as one row per sample, ``(B, N)``."""
         return np.asarray(v, dtype=np.float64).reshape(self.batch, self.one.n)
 
     def states(self, v: np.ndarray) -> dict[str, np.ndarray]:
@@ -308,6 +319,7 @@ class BatchLifted(LiftedProblem):
         return None if any(v is None for v in vs) else np.concatenate(vs)
 
     def start_point(self) -> np.ndarray:
+        """The single-sample start point repeated for every sample."""
         return np.tile(self.one.start_point(), self.batch)
 
 
@@ -648,5 +660,6 @@ def partial_value(p: LiftedProblem, z: Mapping[str, np.ndarray]) -> float | None
 
 
 def check_finite(name: str, a: np.ndarray) -> None:
+    """Refuse NaN/Inf in ``a`` with a typed error naming ``name``."""
     if not np.all(np.isfinite(a)):
         raise ShapeError(f"{name} contains NaN/Inf", term="verify")

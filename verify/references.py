@@ -375,6 +375,7 @@ class ProxPieces:
     s: float
 
     def q(self, inputs: Mapping[str, torch.Tensor], env: Any, b: int) -> torch.Tensor:
+        """The injection ``q = Ux + b`` of the term for ``b`` samples (zero if it has none)."""
         if self.term.q is None:
             return torch.zeros(b, self.M.shape[0], dtype=T64)
         return self.term.q.evaluate(dict(inputs), env).to(T64).expand(b, -1)

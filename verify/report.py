@@ -66,6 +66,7 @@ class ReferenceInfo:
         return ", ".join(uniq) if uniq else "n/a"
 
     def provenance(self) -> str:
+        """One line: the reference, its solver, status, tolerances and number of starts."""
         tols = ", ".join(f"{k}={_fmt(v)}" for k, v in self.tolerances.items())
         parts = [self.description]
         if self.solver:
@@ -116,6 +117,7 @@ class GradientReport:
 
     @property
     def passed(self) -> bool:
+        """``True`` iff every required gradient error is within ``tolerance``."""
         return all(self.errors.get(k, math.inf) <= self.tolerance for k in self.required)
 
 
@@ -184,30 +186,37 @@ class Report:
 
     @property
     def max_rel_error(self) -> float | None:
+        """Worst ``||z − z_ref|| / max(||z_ref||, floor)`` over the samples."""
         return self._max("rel_error")
 
     @property
     def max_gap(self) -> float | None:
+        """Worst ``|G(z) − G(z_ref)| / max(1, |G_ref|)`` over the samples."""
         return self._max("gap")
 
     @property
     def max_residual(self) -> float | None:
+        """Worst optimality residual ``||z − T(z)|| / max(1, ||z||)`` over the samples."""
         return self._max("residual")
 
     @property
     def max_stationarity(self) -> float | None:
+        """Worst independent stationarity residual of the layer's state."""
         return self._max("stationarity")
 
     @property
     def max_reference_stationarity(self) -> float | None:
+        """Worst stationarity residual of the reference's state."""
         return self._max("reference_stationarity")
 
     @property
     def min_lambda(self) -> float | None:
+        """Smallest Hessian eigenvalue seen by the local second-order check."""
         vals = [s.lambda_min for s in self.samples if s.lambda_min is not None]
         return min(vals) if vals else None
 
     def max_block_residual(self, key: str) -> float | None:
+        """Worst per-block residual ``key`` over the samples (deep models, docs/theory.md §5)."""
         return worst([s.block_residuals[key] for s in self.samples if key in s.block_residuals])
 
     # ------------------------------------------------------------------ table
