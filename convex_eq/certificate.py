@@ -114,8 +114,9 @@ def _quadratic_conditions(obj: Objective) -> list[Condition]:
                 ident += p.coef * c * c
             elif p.coef < 0:
                 negs.append((-p.coef * c * c, op))
-        const_mod = sum(m.factor for m in mods if m.op is None and m.state is s)
+        const_mod = sum(m.factor for m in mods if m.op is None and m.arg is None and m.state is s)
         op_mods = [m for m in mods if m.op is not None and m.state is s]
+        ok = ok and not any(m.arg is not None for m in mods)  # AᵀA moduli: generic λ_min(Q)
         a = ident + const_mod
         if ok and len(negs) == 1 and not op_mods and a > 0:
             kappa, op = negs[0]
@@ -166,7 +167,10 @@ def quadratic_eigmin(obj: Objective, env: Env | None) -> float:
                 a2 = lift(p.u2)
                 q += p.coef * (a1.T @ a2 + a2.T @ a1)
         m = t.strong_convexity()
-        if m is not None:
+        if m is not None and m.arg is not None:
+            a1 = lift(m.arg)
+            q += m.factor * a1.T @ a1
+        elif m is not None:
             o = offs[m.state.name]
             idx = np.arange(o, o + m.state.size)
             q[idx, idx] += m.modulus(env)

@@ -127,7 +127,8 @@ def _operator_for(derived: Any, name: str) -> Any:
         if isinstance(op, Compose):
             return walk(op.A) or walk(op.B)
         syms = op.symbols() if hasattr(op, "symbols") else []
-        if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv1d", "Conv2d"):
+        if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv1d",
+                                                                              "Conv2d"):
             return op
         return None
 

@@ -12,6 +12,7 @@ from .conv import Conv1d, Conv2d
 from .convert import as_operator
 from .dense import Dense
 from .identity import Identity
+from .inverse import Inverse
 from .permutation import CyclicPermutation
 from .pooling import AvgDownsample, Upsample, downsample_or_identity
 
@@ -25,6 +26,7 @@ __all__ = [
     "CyclicPermutation",
     "Dense",
     "Identity",
+    "Inverse",
     "LinOp",
     "Upsample",
     "as_operator",

@@ -78,12 +78,14 @@ class QuadPart:
 @dataclass
 class StrongConvexity:
     """``coef·f`` is ``m``-strongly convex in ``state``, with ``m = factor / ||op||₂²``
-    (``op`` None means ``m = factor``)."""
+    (``op`` None means ``m = factor``); with ``arg`` (an affine ``u = Az + c``) instead:
+    ``coef·f − (factor/2)||u||²`` is convex, i.e. ``factor·AᵀA`` joins the quadratic form."""
 
     state: Symbol
     factor: float
     op: Any = None
     op_text: str = ""
+    arg: Any = None
 
     def modulus(self, env: Env | None = None) -> float:
         if self.op is None:

@@ -194,11 +194,17 @@ class AntiderivativeConjugate(_ActivationTerm):
         return self.act.prox(v / (1.0 + t), t / (1.0 + t))
 
     def strong_convexity(self) -> StrongConvexity | None:
-        """``c·Σσ̃*`` is ``c/L_σ``-strongly convex (``σ̃`` has ``L_σ``-Lipschitz gradient)."""
-        s = self.prox_state
-        if s is None or self.coef_sign() < 0 or self.scalars:
+        """``c·Σσ̃*`` is ``c/L_σ``-strongly convex (``σ̃`` has ``L_σ``-Lipschitz gradient); on
+        an argument ``u = Mz + q`` of one state that is ``(c/L_σ)·MᵀM`` in ``z``."""
+        if self.coef_sign() < 0 or self.scalars:
             return None
-        return StrongConvexity(s, self.scale / self.act.lipschitz)
+        s = self.prox_state
+        if s is not None:
+            return StrongConvexity(s, self.scale / self.act.lipschitz)
+        states = single_arg(self).states()
+        if len(states) != 1:
+            return None
+        return StrongConvexity(states[0], self.scale / self.act.lipschitz, arg=single_arg(self))
 
     def conjugate(self) -> Term:
         """``(c·Σσ̃*(u))* = c·Σσ̃(·/c)`` (closed convex ``σ̃``)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .base import LowerContext, Match, Payload, Rule, RuleRegistry
 from .canonical import RULE as CANONICAL
+from .closed_form import RULE as CLOSED_FORM
 from .deep import RULE as DEEP
 from .forward_backward import RULE as FORWARD_BACKWARD
 from .moreau_skip import GUARD as ENVELOPE_GUARD
@@ -15,8 +16,8 @@ from .theorem1 import RULE as THEOREM1
 
 #: the registry ``lower`` uses: deep compositions, precompositions and single envelopes first
 #: (they lower an inner objective), then the closed forms, then the generic fallback
-RULES = RuleRegistry((DEEP, PRECOMPOSE, MOREAU_SKIP, ENVELOPE_GUARD, THEOREM1, CANONICAL,
-                      FORWARD_BACKWARD))
+RULES = RuleRegistry((DEEP, PRECOMPOSE, MOREAU_SKIP, ENVELOPE_GUARD, THEOREM1, CLOSED_FORM,
+                      CANONICAL, FORWARD_BACKWARD))
 
 
 def register_rule(rule: Rule, *, before: str | None = None, after: str | None = None) -> Rule:
