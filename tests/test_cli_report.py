@@ -39,3 +39,16 @@ def test_verify_output_fits_100_columns(spec: str, extra: list[str],
     too_wide = [line for line in lines if len(line) > TABLE_WIDTH]
     assert not too_wide, too_wide
     assert any(line.startswith("passed") for line in lines)
+
+
+def test_to_cvxpy_names_the_variable_after_the_user_symbols() -> None:
+    import convex_eq as ce
+    from convex_eq import models
+
+    phi = models.opteq(n=3, m=3, d=2, activation="relu", form="canonical", seed=0)
+    ex = phi.to_cvxpy(x=[0.1, 0.2])
+    assert [v.name() for v in ex.problem.variables()] == ["z"]
+    assert "@ z" in str(ex.problem) and "@ f" not in str(ex.problem)
+    z, w = ce.State("z", 3), ce.State("w", 2)
+    ex = (ce.SqNorm(z) + ce.L1(z) + ce.SqNorm(w)).to_cvxpy()
+    assert ex.variable.name() == "[z; w]" and set(ex.blocks) == {"z", "w"}
