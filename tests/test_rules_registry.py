@@ -167,3 +167,19 @@ def test_precomposed_is_a_type() -> None:
     assert pc.orthogonality_defect() == pytest.approx(3.0)  # ||4I − I||₂
     d = lowering.lower(pc)
     assert d.payload.inner.source is g
+
+
+def test_readme_derivation_excerpt_is_the_printers_output() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict[str, Any] = {}
+    exec(compile(code.split("print(phi.latex())")[0], "README.md", "exec"), ns)
+    d = lowering.lower(ns["phi"])
+    head = ">>> import lowering; print(lowering.lower(phi).describe())\n"
+    excerpt = readme.split(head, 1)[1].split("```", 1)[0]
+    latex_head = ">>> print(lowering.lower(phi).derivation.steps[0].latex(1))\n"
+    text, tex = excerpt.split(latex_head)
+    assert text.rstrip("\n") == d.describe()
+    assert tex.rstrip("\n") == d.derivation.steps[0].latex(1)
