@@ -7,10 +7,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from convex_eq.errors import OptionError
+from convex_eq.composition import DeepComposition
+from convex_eq.errors import LoweringError, OptionError
+from convex_eq.objective import Objective
+from convex_eq.terms.base import Term
+
+from .common import proxable
 
 if TYPE_CHECKING:
     from ..derived import DerivedLayer
+
+
+#: the options ``lower`` accepts (see :func:`lowering.lower`)
+OPTIONS = frozenset({"regularizer", "deep_form", "tau"})
 
 
 @dataclass(frozen=True)
@@ -60,10 +69,8 @@ class LowerContext:
 
     def lower(self, objective: Any) -> DerivedLayer:
         """Lower an inner objective with the same rules and options (``deep_form`` aside)."""
-        from ..lower import lower
-
         opts = {k: v for k, v in self.options.items() if k != "deep_form"}
-        return lower(objective, rules=self.registry, **opts)
+        return self.registry.lower(objective, **opts)
 
 
 class RuleRegistry:
@@ -113,8 +120,58 @@ class RuleRegistry:
                 return r, m
         return None
 
+    def lower(self, objective: Any, **options: Any) -> DerivedLayer:
+        """Derive ``T`` of ``objective`` (a Term is one-term Objective) with the first rule
+        that matches it; options as :func:`lowering.lower`."""
+        unknown = set(options) - OPTIONS
+        if unknown:
+            raise OptionError(f"unknown option(s) {sorted(unknown)}", term="lower",
+                              hint=f"valid options: {sorted(OPTIONS)}")
+        if isinstance(objective, Term):
+            objective = Objective([objective])
+        found = self.find(objective)
+        if found is None:
+            if not isinstance(objective, (Objective, DeepComposition)):
+                raise LoweringError(f"cannot lower a {type(objective).__name__}", term="lower",
+                                    hint="pass an Objective, a Term or a DeepComposition")
+            raise LoweringError(_why(objective), term=str(objective), hint=_hint(objective))
+        rule, match = found
+        return rule.lower(match, LowerContext(options, self))
+
     def __iter__(self) -> Iterator[Rule]:
         return iter(list(self._rules))
 
     def __repr__(self) -> str:
         return f"RuleRegistry({self.names()})"
+
+
+def _nonsmooth(obj: Objective) -> list[Term]:
+    return [t for t in obj.terms if not t.smooth]
+
+
+def _why(obj: Any) -> str:
+    if not isinstance(obj, Objective):
+        return "no lowering rule applies to this objective"
+    nonsmooth = _nonsmooth(obj)
+    blocking = [t for t in nonsmooth if not proxable(t)]
+    if blocking:
+        return ("no lowering rule applies: term(s) " + ", ".join(f"'{t}' ({t.label})"
+                                                                 for t in blocking)
+                + " are neither smooth nor prox-able here")
+    if len(nonsmooth) > 1:
+        return ("no lowering rule applies: several non-smooth terms (" +
+                ", ".join(f"'{t}'" for t in nonsmooth) + ") and no rule combines their proxes")
+    return "no lowering rule applies to this objective"
+
+
+def _hint(obj: Any) -> str:
+    base = ("write the objective in canonical form Σf_σ(z) + ½||z||² − S(z), as ψ* − ½||·||² "
+            "(Theorem 1), a Moreau envelope of a lowerable objective, or one prox-able term plus "
+            "smooth terms; or register a rule of your own (lowering.register_rule)")
+    nonsmooth = [t for t in _nonsmooth(obj) if proxable(t)] if isinstance(obj, Objective) else []
+    if len(nonsmooth) > 1:
+        extra = nonsmooth[-1]
+        return (f"{base}; or smooth one of them: moreau({extra}, μ) (the layer's claim is then "
+                f"about that Huber/envelope objective, not this one); an exact ℓ1 term joins a "
+                "potential f_σ with σ(0) = 0 or an interval potential in the canonical form")
+    return base
