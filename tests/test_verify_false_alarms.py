@@ -158,3 +158,28 @@ def test_a_nan_sample_is_never_dropped_from_a_maximum() -> None:
 
     assert math.isnan(worst([math.nan, 1.7e-15])) and math.isnan(worst([1.7e-15, math.nan]))
     assert worst([1.0, 2.0]) == 2.0 and worst([]) is None
+
+
+# 7 ------------------------------------------------------------------ overflow-safe residual
+def test_a_huge_state_never_reads_as_a_zero_residual(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``||z||²`` overflows float64 once ``|z| ≳ 1e154``: with ``z = 1e155·1`` and
+    ``T(z) = 0.99z`` the residual read ``2e153/inf = 0`` ("ok").  Norms are now scaled by the
+    largest entry: the relative residual is the true 1e-2 (exact in float64 to ~1e-15)."""
+    import importlib
+
+    from verify.report import EquilibriumInfo
+
+    vc = importlib.import_module("verify.check")  # the module (the package exports a function)
+
+    z = State("z1", 4)
+    obj = Objective([Potential("identity", z), SqNorm(z), -SqNorm(z) * 0.99])  # T(z) = 0.99z
+    huge = torch.full((1, 4), 1e155, dtype=T64)
+
+    def stub(*args, **kwargs):  # a solver that (wrongly) reports this state as converged
+        return huge, EquilibriumInfo("stub", 1e-12, [1], 0.0, True, np.zeros((1, 1)))
+
+    monkeypatch.setattr(vc, "equilibrium", stub)
+    rep = _check(obj)
+    assert not rep.passed
+    assert math.isclose(rep.samples[0].residual, 1e-2, rel_tol=1e-9)
+    assert any(f.startswith("optimality residual") for f in rep.failures), rep.failures
