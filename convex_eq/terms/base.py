@@ -39,6 +39,7 @@ class Condition:
         return float(self.measure(env))
 
     def holds(self, env: Env | None = None) -> bool:
+        """``measure(env) ≤ bound + tol`` (or ``≥ bound − tol``) at the current values."""
         v = self.value(env)
         if self.sense == "<=":
             return v <= self.bound + self.tol
@@ -58,6 +59,7 @@ class Curvature:
     reason: str = ""
 
     def flipped(self) -> Curvature:
+        """The curvature of ``−f``: convex ↔ concave, same conditions."""
         k = {"convex": "concave", "concave": "convex"}.get(self.kind, self.kind)
         return Curvature(k, list(self.conditions), self.reason)
 
@@ -88,6 +90,7 @@ class StrongConvexity:
     arg: Any = None
 
     def modulus(self, env: Env | None = None) -> float:
+        """The modulus ``m = factor/||op||₂²`` (``factor`` without an operator)."""
         if self.op is None:
             return self.factor
         n = self.op.norm(env)
@@ -126,6 +129,7 @@ class Term:
         return out
 
     def symbols(self) -> list[Symbol]:
+        """Every symbol the term reads: its arguments' symbols and their operators' weights."""
         out: list[Symbol] = []
         for a in self.args:
             for e in a.entries:
@@ -140,10 +144,12 @@ class Term:
 
     @property
     def name(self) -> str:
+        """The term as text (its ``str``)."""
         return str(self)
 
     # ----------------------------------------------------------- coefficient
     def coef(self, env: Env | None = None) -> float:
+        """The coefficient ``scale · Π scalars`` at the current scalar values."""
         c = self.scale
         for s in self.scalars:
             c *= s.float(env)
@@ -321,11 +327,13 @@ class Term:
 
     # ----------------------------------------------------------- printing
     def coef_latex(self) -> str:
+        """LaTeX of the coefficient ``scale · Π scalars`` (empty for 1)."""
         parts = [] if self.scale == 1.0 else (["-"] if self.scale == -1.0 else [f"{self.scale:g}"])
         parts += [s.latex() for s in self.scalars]
         return " ".join(parts)
 
     def coef_str(self) -> str:
+        """Text of the coefficient ``scale · Π scalars`` (empty for 1)."""
         if self.scale == 1.0 and not self.scalars:
             return ""
         parts = [] if self.scale == 1.0 else (["-"] if self.scale == -1.0 else [f"{self.scale:g}"])
@@ -334,16 +342,19 @@ class Term:
         return "".join(parts[:1]) + "".join("·" + p for p in parts[1:]) + sep
 
     def latex(self) -> str:
+        """LaTeX of ``coef · f(args)``."""
         c = self.coef_latex()
         return f"{c} {self.raw_latex()}".strip()
 
     def raw_latex(self) -> str:
+        """LaTeX of ``f(args)`` without the coefficient (each term gives its formula)."""
         return type(self).__name__
 
     def __str__(self) -> str:
         return f"{self.coef_str()}{self.raw_str()}"
 
     def raw_str(self) -> str:
+        """Text of ``f(args)`` without the coefficient (each term gives its formula)."""
         return type(self).__name__
 
     def __repr__(self) -> str:

@@ -253,6 +253,7 @@ class PatchGaussianKernel(_GammaMixin, Term):
 
     @property
     def n_patches(self) -> int:
+        """Number of patches ``(C/c_s)·(H/p_h)·(W/p_w)``."""
         c, h, w = self.image_shape
         ph, pw = self.patch_hw
         return (c // self.channel_split) * (h // ph) * (w // pw)

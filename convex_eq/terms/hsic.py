@@ -76,6 +76,7 @@ class HSIC(Term):
         return out
 
     def sigma_value(self, env: Env | None = None) -> float:
+        """The RBF width ``σ > 0`` at the current values (a ``ScaleError`` otherwise)."""
         s = self.sigma_rbf
         v = s.check(float(s.resolve(env)), term=str(self)) if isinstance(s, Scalar) else float(s)
         if not (math.isfinite(v) and v > 0):

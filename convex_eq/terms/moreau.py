@@ -45,6 +45,7 @@ class MoreauEnvelope(Term):
         return self.inner.states[0]
 
     def mu_value(self, env: Env | None = None) -> float:
+        """The smoothing parameter ``μ > 0`` at the current values (a ``ScaleError`` otherwise)."""
         mu = scalar_value(self.mu, env)
         if not mu > 0 or not math.isfinite(mu):
             raise ScaleError(f"μ = {mu} must be finite and > 0", term=str(self))
@@ -59,6 +60,7 @@ class MoreauEnvelope(Term):
     # ---------------------------------------------------------------- numerics
     def inner_prox(self, v: torch.Tensor, t: float, values: dict, env: Env | None
                    ) -> torch.Tensor:
+        """``prox_{t f}(v)`` of the inner objective ``f`` (which may read the inputs ``values``)."""
         return self.inner.prox(v, t, values, env)
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]

@@ -51,6 +51,7 @@ class Potential(_ActivationTerm):
 
     @property
     def smooth(self) -> bool:  # type: ignore[override]
+        """``True`` iff ``f_σ`` is finite with a Lipschitz gradient on ℝ (identity, leaky ReLU)."""
         return self.act.name in _SMOOTH_POTENTIAL_LIP
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
