@@ -62,3 +62,30 @@ def test_eq4_certificate_sees_the_strong_convexity_of_the_conjugate() -> None:
     assert cert.values[0] == pytest.approx(1 / 0.64 - 1, rel=1e-9)
     bad, *_ = _eq4(norm=1.25)
     assert not bad.certificate().holds and "VIOLATED" in str(bad.certificate())
+
+
+def test_linear_activation_s_psd_is_the_conjugate_of_a_quadratic_form() -> None:
+    from convex_eq.errors import NotDCPError
+    from convex_eq.terms.quadratic import QuadraticForm
+
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=(5, 3))
+    s = a @ a.T / np.linalg.norm(a @ a.T, 2)  # S ⪰ 0, rank 3, ||S||₂ = 1
+    z, x = ce.State("z", 5), ce.Input("x", 3)
+    w, u, b = 0.3 * rng.normal(size=(5, 5)), rng.normal(size=(5, 3)), 0.1 * rng.normal(size=5)
+    psi = QuadraticForm(ce.Constant("S", s),
+                        ce.Weight("W", (5, 5), w) @ z + ce.Weight("U", (5, 3), u) @ x
+                        + ce.Weight("b", 5, b))
+    d = lowering.lower(psi.conjugate() - ce.SqNorm(z))
+    assert d.is_prox and d.claim.kind == "minimizer"
+    gen = torch.Generator().manual_seed(6)
+    zz = torch.randn(4, 5, generator=gen, dtype=T64)
+    xx = torch.randn(4, 3, generator=gen, dtype=T64)
+    wt, ut, bt, st = (torch.as_tensor(v) for v in (w, u, b, s))
+    ref = (zz @ wt.T + xx @ ut.T + bt) @ st @ wt  # WᵀS(Wz + Ux + b), S symmetric
+    # S = (S^½)² from an eigendecomposition: float64 rounding ~1e-15 relative, margin 1e4
+    torch.testing.assert_close(d.apply({"z": zz, "x": xx})["z"], ref, atol=1e-11, rtol=1e-11)
+    rep = check(d, xx[:2].numpy())
+    assert rep.passed, rep
+    with pytest.raises(NotDCPError, match="not positive semidefinite"):
+        QuadraticForm(ce.Constant("S2", -s), z).conjugate()
