@@ -7,9 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import convex_eq as ce
 import lowering
+from convex_eq.activations import get_activation
 from convex_eq.errors import LoweringError
 from verify.check import check
 
@@ -57,3 +60,40 @@ def test_sigmoid_exact_l1_is_refused_with_a_hint_that_names_the_envelope() -> No
     with pytest.raises(LoweringError, match="moreau") as e:
         lowering.lower(G)
     assert "Huber" in str(e.value)
+
+
+def _prox_violation(act, lam: float, v: float, compose) -> float:
+    """|compose(v) − argmin_u f_σ(u) + λ|u| + ½(u − v)²| (bounded scalar minimization)."""
+    from scipy.optimize import minimize_scalar
+
+    lo, hi = act.domain
+    lo, hi = max(lo, -50.0) + 1e-12, min(hi, 50.0) - 1e-12
+
+    def g(u: float) -> float:
+        f = float(act.potential(torch.tensor([u], dtype=T64))[0])
+        return f + lam * abs(u) + 0.5 * (u - v) ** 2
+
+    ref = minimize_scalar(g, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}).x
+    return abs(float(compose(torch.tensor([v], dtype=T64), lam)[0]) - ref)
+
+
+def _sigma_soft(act):
+    return lambda v, lam: act.sigma(_soft(v, lam))
+
+
+def _soft_sigma(act):  # the wrong order
+    return lambda v, lam: _soft(act.sigma(v), lam)
+
+
+@settings(deadline=None)
+@given(v=st.floats(-3, 3), lam=st.floats(0.01, 1.5))
+def test_prop_sigma_after_soft_is_the_prox_when_sigma_fixes_zero(v: float, lam: float) -> None:
+    act = get_activation("tanh")
+    # bounded Brent search to xatol 1e-12 on a 1-D strongly convex function: error ≲ 1e-8
+    assert _prox_violation(act, lam, v, _sigma_soft(act)) <= 1e-6
+
+
+def test_prop_fails_for_the_wrong_composition_and_for_sigma_0_not_0() -> None:
+    tanh, sig = get_activation("tanh"), get_activation("sigmoid")
+    assert _prox_violation(tanh, 0.5, 2.0, _soft_sigma(tanh)) > 1e-2  # soft∘σ is not the prox
+    assert _prox_violation(sig, 0.5, 0.0, _sigma_soft(sig)) > 1e-2  # σ(0) = ½ ≠ 0
