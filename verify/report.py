@@ -336,14 +336,26 @@ class Report:
             fig = Figure(figsize=(5.5, 3.6))
             FigureCanvasAgg(fig)
             ax = fig.add_subplot(111)
-            for row in np.atleast_2d(hist):
+            rows = np.atleast_2d(hist)
+            style = {"marker": "o", "ms": 3} if rows.shape[1] <= 15 else {}
+            for i, row in enumerate(rows):
                 vals = np.where(row > 0, row, np.nan)
-                ax.semilogy(np.arange(1, len(row) + 1), vals, lw=1)
-            ax.axhline(self.equilibrium.tol, color="k", ls="--", lw=0.8, label="tol")
-            ax.set_xlabel("iteration")
+                k = np.arange(1, len(row) + 1)
+                # the solver returns its best iterate: plot the running minimum, and the k-th
+                # iterate itself (dotted) where it rose visibly above it
+                best = np.fmin.accumulate(vals)
+                (line,) = ax.semilogy(k, best, lw=1, label="returned iterate" if i == 0 else None,
+                                      **style)
+                if np.any(vals > 1.5 * best):
+                    ax.semilogy(k, vals, lw=0.8, ls=":", color=line.get_color(),
+                                label="k-th iterate itself" if i == 0 else None)
+            ax.axhline(self.equilibrium.tol, color="k", ls="--", lw=0.8,
+                       label=f"tol {self.equilibrium.tol:.0e}")
+            ax.set_xlabel("iteration k")
             ax.set_ylabel("relative residual ||T(z) - z|| / ||T(z)||")
-            ax.set_title(f"equilibrium solve ({self.equilibrium.solver})")
-            ax.legend()
+            ax.set_title(f"equilibrium solve: {self.equilibrium.solver}, {hist.dtype}, "
+                         f"{rows.shape[0]} sample(s)", fontsize=10)
+            ax.legend(fontsize=7)
             fig.tight_layout()
             img = path.with_name(path.stem + "_residuals.png")
             fig.savefig(img, dpi=110)
