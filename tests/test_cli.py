@@ -89,3 +89,15 @@ def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as e:
         main(["derive", MODELS, "--bogus"])
     assert e.value.code == 2 and "--bogus" in capsys.readouterr().err
+
+
+def test_verify_markdown_embeds_its_plots(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    md = tmp_path / "out" / "report.md"
+    assert main(["verify", f"{MODELS}:opteq_relu", "--batch", "2", "--markdown", str(md)]) == 0
+    assert f"markdown report written to {md}" in capsys.readouterr().out
+    images = [line[line.index("(") + 1:-1] for line in md.read_text().splitlines()
+              if line.startswith("![")]
+    assert len(images) == 2  # residual history and layer-vs-reference scatter
+    for name in images:  # relative links to PNGs written beside the report
+        assert (md.parent / name).stat().st_size > 10_000
