@@ -115,7 +115,7 @@ def _quadratic_conditions(obj: Objective) -> list[Condition]:
             elif p.coef < 0:
                 negs.append((-p.coef * c * c, op))
         const_mod = sum(m.factor for m in mods if m.op is None and m.arg is None and m.state is s)
-        op_mods = [m for m in mods if m.op is not None and m.state is s]
+        op_mods = [m for m in mods if m.op is not None and m.arg is None and m.state is s]
         ok = ok and not any(m.arg is not None for m in mods)  # AᵀA moduli: generic λ_min(Q)
         a = ident + const_mod
         if ok and len(negs) == 1 and not op_mods and a > 0:
@@ -169,7 +169,7 @@ def quadratic_eigmin(obj: Objective, env: Env | None) -> float:
         m = t.strong_convexity()
         if m is not None and m.arg is not None:
             a1 = lift(m.arg)
-            q += m.factor * a1.T @ a1
+            q += m.modulus(env) * a1.T @ a1
         elif m is not None:
             o = offs[m.state.name]
             idx = np.arange(o, o + m.state.size)

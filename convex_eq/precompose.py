@@ -74,7 +74,7 @@ def precompose(obj: Objective, M: Any, c: Any = None, name: str | None = None) -
     op = Dense(mc)
     terms = []
     for t in obj.terms:
-        if hasattr(t, "declare"):
+        if hasattr(t, "declare") and type(t).with_args is Term.with_args:
             raise LoweringError(
                 f"precomposition of a {t.label} term is not supported", term=str(t),
                 hint="precompose an objective written with affine-argument terms "

@@ -89,3 +89,27 @@ def test_linear_activation_s_psd_is_the_conjugate_of_a_quadratic_form() -> None:
     assert rep.passed, rep
     with pytest.raises(NotDCPError, match="not positive semidefinite"):
         QuadraticForm(ce.Constant("S2", -s), z).conjugate()
+
+
+def test_affine_map_on_the_theorem1_form() -> None:
+    """Table 1 row 3: ``ψ*(A(z)) − ½||A(z)||²`` ⇒ ``A⁻¹(Wᵀσ(W A(z) + Ux + b))``."""
+    from convex_eq import models
+
+    phi = models.opteq(n=5, m=5, d=3, form="conjugate", seed=0)
+    rng = np.random.default_rng(1)
+    m = np.eye(5) + 0.3 * rng.normal(size=(5, 5))
+    c = 0.2 * rng.normal(size=5)
+    pc = ce.precompose(phi, m, c)
+    d = lowering.lower(pc)
+    assert d.derivation.rules()[-1] == "affine precomposition φ → φ∘A"
+    assert d.claim.kind == "minimizer" and pc.certificate().holds
+    w, u, b = (phi.symbol(n).value.detach() for n in ("W", "U", "b"))
+    gen = torch.Generator().manual_seed(8)
+    z, x = torch.randn(4, 5, generator=gen, dtype=T64), torch.randn(4, 3, generator=gen, dtype=T64)
+    mt, ct = torch.as_tensor(m), torch.as_tensor(c)
+    a = z @ mt.T + ct  # A(z) = Mz + c
+    ref = torch.linalg.solve(mt, (torch.relu(a @ w.T + x @ u.T + b) @ w - ct).T).T
+    # float64 with one solve (cond(M) ≈ 3): rounding ~1e-15, margin 1e4
+    torch.testing.assert_close(d.apply({"z_A": z, "x": x})["z_A"], ref, atol=1e-11, rtol=1e-11)
+    rep = check(d, x[:2].numpy())
+    assert rep.passed and rep.reference.kind == "numeric", rep

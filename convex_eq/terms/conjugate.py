@@ -33,6 +33,8 @@ class SeparableAffineConjugate(Term):
     def __init__(self, act: Activation, op: object, q: Affine | None, s: float, state: Symbol):
         self.act, self.op, self.q, self.s = act, op, q, float(s)
         self.state = state
+        #: ``ψ*`` evaluated at this affine argument instead of ``state`` (``φ∘A``), or None
+        self.at: Affine | None = None
         if self.s <= 0:
             raise ShapeError("scale s of ψ = s Σσ̃(Mz+q) must be positive", term="ψ*")
         super().__init__(state)
@@ -59,8 +61,20 @@ class SeparableAffineConjugate(Term):
             raise ShapeError(f"q has size {self.q.size}, M z has {self.op.out_size}",
                              term=str(self))
 
+    def with_args(self, args: list[Affine]) -> Term:
+        """``ψ*(u)`` at a new argument ``u`` of the state (affine precomposition ``ψ*∘A``)."""
+        t = super().with_args(args)
+        t.at = args[0]  # type: ignore[attr-defined]
+        return t
+
     def symbols(self) -> list[Symbol]:
-        out: list[Symbol] = [self.state]
+        if self.at is not None:
+            out: list[Symbol] = list(self.at.symbols())
+            for s in [*self.op.symbols(), *(self.q.symbols() if self.q is not None else [])]:
+                if all(s is not o for o in out):
+                    out.append(s)
+            return out
+        out = [self.state]
         extra = list(self.op.symbols())
         if self.q is not None:
             for e in self.q.entries:
@@ -78,7 +92,7 @@ class SeparableAffineConjugate(Term):
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
         """``s · min_y {Σσ̃*(y) - <q,y> : Mᵀy = v/s}``; unique ``y`` when ``Mᵀ`` is injective."""
-        v = values[self.state.name]
+        v = values[self.state.name] if self.at is None else self.at.evaluate(values, env)
         m = torch.as_tensor(self.op.matrix(env), dtype=v.dtype, device=v.device)
         q = (self.q.evaluate(values, env) if self.q is not None
              else torch.zeros(v.shape[0], m.shape[0], dtype=v.dtype, device=v.device))
@@ -135,6 +149,10 @@ class SeparableAffineConjugate(Term):
         ||M||₂²``-Lipschitz."""
         if self.coef_sign() < 0 or self.scalars:
             return None
+        if self.at is not None:  # in z: (modulus)·AᵀA for ψ*(Az + c)
+            states = self.at.states()
+            return StrongConvexity(states[0], self.scale / (self.s * self.act.lipschitz),
+                                   self.op, f"{self.op}", arg=self.at) if len(states) == 1 else None
         return StrongConvexity(self.state, self.scale / (self.s * self.act.lipschitz), self.op,
                                f"{self.op}")
 
@@ -160,6 +178,10 @@ class SeparableAffineConjugate(Term):
     # ---------------------------------------------------------------- export
     def declare(self, ctx: ExportContext) -> None:
         """Introduce ``y`` and substitute ``v = s Mᵀ y``."""
+        if self.at is not None:
+            raise NotDCPError(
+                "ψ*∘A (a precomposed conjugate) has no CVXPY form here", term=str(self),
+                hint="verify it with the numeric reference, which minimizes φ at u = A(z)")
         y = State(f"{self.state.name}_dual{next(_aux_ids)}", self.op.out_size)
         self._aux = y
         sl = ctx.add_aux_state(y)
@@ -182,12 +204,14 @@ class SeparableAffineConjugate(Term):
         q = f" + {self.q.latex()}" if self.q is not None else ""
         sc = "" if self.s == 1.0 else f"{self.s:g}"
         inner = f"{sc} \\sum_j \\tilde{{{_sig(self.act)}}}({self.op.latex()} \\cdot{q})"
-        return f"\\big({inner}\\big)^*({self.state.latex()})"
+        at = self.state.latex() if self.at is None else self.at.latex()
+        return f"\\big({inner}\\big)^*({at})"
 
     def raw_str(self) -> str:
         q = f" + {self.q}" if self.q is not None else ""
         sc = "" if self.s == 1.0 else f"{self.s:g}·"
-        return f"({sc}Σ ∫{self.act.name}({self.op}·{q}))*({self.state.name})"
+        at = self.state.name if self.at is None else str(self.at)
+        return f"({sc}Σ ∫{self.act.name}({self.op}·{q}))*({at})"
 
 
 class _Scaled:
