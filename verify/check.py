@@ -58,6 +58,7 @@ from .references import (
 )
 from .report import EquilibriumInfo, ReferenceInfo, Report, SampleResult, Tolerances
 from .report import worst as _worst
+from .selection import REFERENCE_KINDS, Situation, select_reference
 from .unwind import unwind
 
 T64 = torch.float64
@@ -379,6 +380,17 @@ class _Run:
                       f"independent stationarity residual {worst:.3e} > "
                       f"{self.tols.stationarity:g}")
 
+    def no_equilibrium(self) -> None:
+        """No reference: without an equilibrium there is nothing to compare."""
+        self.notes.append("no reference computed: without an equilibrium there is nothing to "
+                          "compare (the layer may have no fixed point here)")
+        self.ref = ReferenceInfo("none", "not computed (equilibrium not found)", ok=False)
+        self.label = "equilibrium not found"
+        tol = self.tols.sam if getattr(self.module, "sam", None) is not None \
+            else self.tols.residual
+        for s in self.samples:
+            s.label = "equilibrium not found" if s.residual > tol else "not compared"
+
     def run_local(self, obj: Objective) -> None:
         # φ∘A (and λM^μ_φ): starts, stationarity and second-order check on the innermost φ at
         # u = A(z) — A invertible, so local minimizers and stationary points correspond, and
@@ -661,40 +673,10 @@ def _check(target: Any, x: Any, *, gradients: bool = False,
                          f"does not hold, so the equilibrium is checked as a stationary point "
                          f"only (local reference)")
 
-    # 3. reference ---------------------------------------------------------------------------
-    if worst > res_tol and not eq.converged:
-        run.notes.append("no reference computed: without an equilibrium there is nothing to "
-                         "compare (the layer may have no fixed point here)")
-        run.ref = ReferenceInfo("none", "not computed (equilibrium not found)", ok=False)
-        run.label = "equilibrium not found"
-        for s in run.samples:
-            s.label = "equilibrium not found" if s.residual > res_tol else "not compared"
-    elif isinstance(src, DeepComposition):
-        if not_certified:
-            run.notes.append("deep model with violated layer conditions: Corollary 1 / Theorem 2 "
-                             "residuals are reported but certify nothing")
-        run.run_deep(src)
-    elif sam is not None:
-        run.run_sam(src)
-    elif isinstance(src, Objective):
-        convex_claim = claim.kind in ("minimizer", "modified minimizer")
-        use_local = reference == "local" or not convex_claim or not_certified
-        if reference == "numeric" and not (convex_claim and cert.certified):
-            run.notes.append("numeric (convex) reference refused: the objective is not "
-                             "certified convex here; using the local reference")
-        if use_local:
-            run.run_local(src)
-        else:
-            numeric_label = f"{claim.kind} (convex, numeric reference)"
-            done = reference in ("auto", "cvxpy") and run.run_cvxpy(src, claim.kind)
-            if not done:
-                run.run_numeric(src, numeric_label)
-            if claim.kind == "modified minimizer":
-                run.notes.append(f"modified minimizer: the reference minimizes the objective "
-                                 f"the prox-variant edit really has, {claim.objective_text}")
-    else:
-        run.rule("reference", False, f"reference unavailable: cannot verify a "
-                 f"{type(src).__name__} source")
+    # 3. reference (docs/theory.md §9: verify.selection) -----------------------------------
+    situation = Situation(src, claim.kind, cert.certified, sam is not None,
+                          not (worst > res_tol and not eq.converged), reference)
+    REFERENCE_KINDS[select_reference(situation)].run(run, src, situation)
 
     # 4. gradients ---------------------------------------------------------------------------
     grad_report = None
