@@ -33,7 +33,6 @@ DEFERRED_CYCLE_EDGES = {
     ("convex_eq.objective", "convex_eq.terms.quadratic"),
     ("convex_eq.terms.potential", "convex_eq.terms.conjugate"),
     ("lowering.derived", "lowering.module"),
-    ("lowering.rules.base", "lowering.lower"),
 }
 
 

@@ -97,6 +97,10 @@ class StrongConvexity:
         return math.inf if n == 0 else self.factor / n**2
 
 
+#: conjugate rules by term type, ``rule(term) → (term)*`` (see ``Term.conjugate``)
+CONJUGATE_RULES: dict[type, Callable[[Term], Term]] = {}
+
+
 # --------------------------------------------------------------------------- base term
 class Term:
     """A summand of a hidden objective, ``scale · Π scalars · f(args)``."""
@@ -311,10 +315,15 @@ class Term:
 
     # ----------------------------------------------------------- conjugate
     def conjugate(self) -> Term:
-        """Closed-form convex conjugate ``(coef·f)*`` (rule per term)."""
+        """Closed-form convex conjugate ``(coef·f)*`` (a method per term, or a rule in
+        ``CONJUGATE_RULES`` registered by a module that may not be imported by the term's)."""
+        rule = CONJUGATE_RULES.get(type(self))
+        if rule is not None:
+            return rule(self)
         raise NotDCPError(
             "no closed-form conjugate rule", term=str(self),
-            hint="conjugates are known for potentials, σ̃, ½||·||², ||·||₁, indicators and σ̃∘affine",
+            hint="conjugates are known for potentials, σ̃, ½||·||², ||·||₁, indicators, σ̃∘affine "
+                 "and ½uᵀSu (S ⪰ 0 a Constant)",
         )
 
     # ----------------------------------------------------------- export

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import torch
 
+from convex_eq.terms.potential import Antiderivative
 from convex_eq.terms.potential import act_latex as _sig
 
 from .._lazy import cvxpy as cp
@@ -15,8 +16,10 @@ from ..activations import Activation
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ShapeError, SolverError
 from ..export import ExportContext
-from ..symbols import Env, State, Symbol
-from .base import Curvature, StrongConvexity, Term
+from ..operators import Dense
+from ..symbols import Constant, Env, State, Symbol
+from .base import CONJUGATE_RULES, Curvature, StrongConvexity, Term, single_arg
+from .quadratic import QuadraticForm
 
 _aux_ids = itertools.count()
 
@@ -162,8 +165,6 @@ class SeparableAffineConjugate(Term):
 
     def primal(self) -> Term:
         """``ψ`` itself (the term this one is the conjugate of)."""
-        from .potential import Antiderivative
-
         u = as_affine(self.state).map(self.op)
         if self.q is not None:
             u = u + self.q
@@ -189,15 +190,14 @@ class SeparableAffineConjugate(Term):
 
     def export(self, ctx: ExportContext) -> None:
         from .potential import AntiderivativeConjugate
-        from .quadratic import Linear
 
         c = self.coef(ctx.env) * self.s
         try:
             AntiderivativeConjugate(self.act, self._aux).__mul__(c).export(ctx)
         except NotDCPError as err:  # name this term, not the auxiliary σ̃*(y) term
             raise NotDCPError(err.reason, term=str(self), hint=err.hint) from err
-        if self.q is not None:
-            Linear(self.q, self._aux).__mul__(-c).export(ctx)
+        if self.q is not None:  # −c<q, y>
+            ctx.add_linear(-c, self.q, as_affine(self._aux), source=f"-{c:g}·<{self.q}, y>")
 
     # ---------------------------------------------------------------- printing
     def raw_latex(self) -> str:
@@ -241,3 +241,31 @@ class _Scaled:
 
     def __str__(self) -> str:
         return f"{self.c:g}{self.op}"
+
+
+def quadratic_form_conjugate(t: QuadraticForm) -> Term:
+    """``ψ = c·½uᵀSu`` with ``S ⪰ 0`` a Constant and ``u = Wz + q``: ``ψ = c·Σσ̃_id(S^½u)``
+    (``σ̃_id(a) = a²/2``), so ``ψ*`` is the separable∘affine conjugate of the identity
+    activation on ``S^½Wz + S^½q`` (Theorem 1 then gives the layer ``c·WᵀS(Wz + q)``, the
+    linear "activation" ``S`` of TPAMI Table 1)."""
+    name = t.Q.name
+    if t.scalars or t.scale <= 0:
+        raise NotDCPError(f"conjugate of a non-positive or scalar-scaled ½uᵀ{name}u",
+                          term=str(t), hint="use a positive numeric coefficient")
+    if not isinstance(t.Q, Constant):
+        raise NotDCPError(
+            f"the conjugate of ½uᵀ{name}u needs {name}^½, fixed at declaration", term=str(t),
+            hint=f"declare {name} as a Constant (or write ψ = Σσ̃_identity(R(Wz + q)) with R a "
+                 "Weight, RᵀR = S)")
+    q = t.Q.resolve(None).detach().cpu().numpy().astype(np.float64)
+    lam, vec = np.linalg.eigh(0.5 * (q + q.T))
+    if lam.min() < -1e-10 * max(1.0, float(np.abs(lam).max())):
+        raise NotDCPError(f"{name} is not positive semidefinite (λ_min = {lam.min():.3g}): "
+                          f"½uᵀ{name}u is not convex", term=str(t),
+                          hint="a linear activation S needs S ⪰ 0")
+    root = Constant(f"{name}_sqrt", (vec * np.sqrt(np.clip(lam, 0.0, None))) @ vec.T)
+    return SeparableAffineConjugate.from_antiderivative(
+        Antiderivative("identity", as_affine(single_arg(t)).map(Dense(root))) * t.scale)
+
+
+CONJUGATE_RULES[QuadraticForm] = quadratic_form_conjugate

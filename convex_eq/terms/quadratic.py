@@ -154,33 +154,6 @@ class QuadraticForm(Term):
                          f"\\lambda_{{\\min}}({self.Q.latex()}) \\ge 0", eigmin, 0.0, ">=")
         return Curvature("convex", [cond])
 
-    def conjugate(self) -> Term:
-        """``ψ = c·½uᵀSu`` with ``S ⪰ 0`` a Constant and ``u = Wz + q``: ``ψ = c·Σσ̃_id(S^½u)``
-        (``σ̃_id(a) = a²/2``), so ``ψ*`` is the separable∘affine conjugate of the identity
-        activation on ``S^½Wz + S^½q`` (Theorem 1 then gives the layer ``c·WᵀS(Wz + q)``, the
-        linear "activation" ``S`` of TPAMI Table 1)."""
-        from ..errors import NotDCPError
-        from .potential import Antiderivative
-
-        if self.scalars or self.scale <= 0:
-            return super().conjugate()
-        if not isinstance(self.Q, Constant):
-            raise NotDCPError(
-                f"the conjugate of ½uᵀ{self.Q.name}u needs {self.Q.name}^½, fixed at declaration",
-                term=str(self), hint=f"declare {self.Q.name} as a Constant (or write ψ = "
-                "Σσ̃_identity(R(Wz + q)) with R a Weight, R ᵀR = S)")
-        q = self.Q.resolve(None).detach().cpu().numpy().astype(np.float64)
-        lam, vec = np.linalg.eigh(0.5 * (q + q.T))
-        if lam.min() < -1e-10 * max(1.0, float(np.abs(lam).max())):
-            raise NotDCPError(f"{self.Q.name} is not positive semidefinite (λ_min = "
-                              f"{lam.min():.3g}): ½uᵀ{self.Q.name}u is not convex", term=str(self),
-                              hint="a linear activation S needs S ⪰ 0")
-        root = Constant(f"{self.Q.name}_sqrt", (vec * np.sqrt(np.clip(lam, 0.0, None))) @ vec.T)
-        from ..operators import Dense
-
-        return Antiderivative("identity", as_affine(single_arg(self)).map(Dense(root))
-                              ).__mul__(self.scale).conjugate()
-
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
         """One quadratic summand ``coef·½<u, Qu>``."""
         from ..operators import Dense
