@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(verbose: int) -> None:
     """Log to stderr (unless the host already configured logging) at WARNING, INFO (-v) or
-    DEBUG (-vv); the libraries log under ``convex_eq``, ``lowering`` and ``verify``."""
+    DEBUG (-vv); the level is set on the root logger, so a library module that logs under its
+    own name (``logging.getLogger(__name__)``) is shown too."""
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)
