@@ -1,14 +1,14 @@
 """Which reference verifies a claim (docs/theory.md §9), as code: one class per reference kind
-behind one small protocol, found through ``REFERENCE_KINDS``, chosen by ``select_reference``.
+behind one small protocol, found through ``REFERENCE_KINDS``, chosen by ``select_reference``::
 
-| situation                                             | reference                            |
-|-------------------------------------------------------|--------------------------------------|
-| no equilibrium found                                  | none (nothing to compare)            |
-| deep composition                                      | deep (Corollary 1 / Theorem 2)       |
-| SAM module                                            | sam (Tikhonov path of argmin_Fix T R) |
-| convex claim, certified, ``auto``/``cvxpy``           | cvxpy (numeric if not DCP, ``auto``) |
-| convex claim, certified, ``numeric``                  | numeric                              |
-| non-convex claim, certificate violated, or ``local``  | local (never "minimizer")            |
+    | situation                                            | reference                             |
+    |------------------------------------------------------|---------------------------------------|
+    | no equilibrium found                                 | none (nothing to compare)             |
+    | deep composition                                     | deep (Corollary 1 / Theorem 2)        |
+    | SAM module                                           | sam (Tikhonov path of argmin_Fix T R) |
+    | convex claim, certified, ``auto``/``cvxpy``          | cvxpy (numeric if not DCP, ``auto``)  |
+    | convex claim, certified, ``numeric``                 | numeric                               |
+    | non-convex claim, certificate violated, or ``local`` | local (never "minimizer")             |
 """
 
 from __future__ import annotations
