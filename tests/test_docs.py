@@ -110,6 +110,7 @@ def test_link_check_can_fail() -> None:
 
 # ------------------------------------------------------------------------- theory citations
 CITATION = re.compile(r"docs/theory\.md §(\d+(?:\.\d+)?)")
+SPLIT_CITATION = re.compile(r"docs/theory\.md\s*$")
 
 
 def theory_sections() -> set[str]:
@@ -122,10 +123,15 @@ def test_every_theory_citation_names_an_existing_section() -> None:
     assert {"1", "2", "3", "4", "5", "6", "7", "8", "9", "9.1", "9.2", "9.3"} <= sections
     bad = []
     for f in [*shipped_files(), *sorted((ROOT / "tests").rglob("*.py"))]:
-        for i, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        lines = f.read_text(encoding="utf-8", errors="replace").splitlines()
+        for i, line in enumerate(lines, 1):
             for sec in CITATION.findall(line):
                 if sec not in sections:
                     bad.append(f"{f.relative_to(ROOT)}:{i}: docs/theory.md §{sec}")
+            if SPLIT_CITATION.search(line) and i < len(lines) and \
+                    re.match(r"\s*(#:?\s*)?\(?§", lines[i]):
+                bad.append(f"{f.relative_to(ROOT)}:{i}: citation split across lines (not found "
+                           "by a search for 'docs/theory.md §n')")
     assert not bad, (f"citations of sections docs/theory.md does not have ({sorted(sections)}):\n"
                      + "\n".join(bad))
 

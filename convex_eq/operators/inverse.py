@@ -43,6 +43,7 @@ class Inverse(LinOp):
             w.shape)
 
     def symbols(self) -> list[Symbol]:
+        """The symbols of the inverted operator ``A``."""
         return op_symbols(self.A)
 
     def _latex(self) -> str:

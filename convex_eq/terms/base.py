@@ -213,8 +213,8 @@ class Term:
         return c if self.coef_sign() > 0 else c.flipped()
 
     def raw_curvature(self) -> Curvature:
-        """Curvature of ``f`` itself (before the coefficient) with its conditions (docs/theory.md
-        §3)."""
+        """Curvature of ``f`` itself (before the coefficient) with its conditions
+        (docs/theory.md §3)."""
         return Curvature(self.base_curvature)
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:

@@ -57,6 +57,8 @@ class SeparableAffineConjugate(Term):
         return cls(term.act, op, off, term.scale, e.symbol)
 
     def check_shapes(self) -> None:
+        """``M`` maps the state's size and ``q`` has the size of ``Mz`` (a ``ShapeError``
+        otherwise)."""
         if self.op.in_size != self.state.size:
             raise ShapeError(f"M maps size {self.op.in_size}, state has {self.state.size}",
                              term=str(self))
@@ -71,6 +73,8 @@ class SeparableAffineConjugate(Term):
         return t
 
     def symbols(self) -> list[Symbol]:
+        """The state (or the precomposed argument's symbols), then ``M``'s weights and ``q``'s
+        symbols."""
         if self.at is not None:
             out: list[Symbol] = list(self.at.symbols())
             for s in [*self.op.symbols(), *(self.q.symbols() if self.q is not None else [])]:
@@ -189,6 +193,8 @@ class SeparableAffineConjugate(Term):
         ctx.substitute(self.state, self.s * self.op.matrix(ctx.env).T, sl, term=str(self))
 
     def export(self, ctx: ExportContext) -> None:
+        """The y-form ``coef·s·(Σσ̃*(y) − <q, y>)`` over the auxiliary ``y`` tied to the state
+        (docs/theory.md §2)."""
         from .potential import AntiderivativeConjugate
 
         c = self.coef(ctx.env) * self.s
@@ -201,6 +207,7 @@ class SeparableAffineConjugate(Term):
 
     # ---------------------------------------------------------------- printing
     def raw_latex(self) -> str:
+        """LaTeX of ``ψ*(v), ψ = sΣσ̃(Mz + q)`` (without the coefficient)."""
         q = f" + {self.q.latex()}" if self.q is not None else ""
         sc = "" if self.s == 1.0 else f"{self.s:g}"
         inner = f"{sc} \\sum_j \\tilde{{{_sig(self.act)}}}({self.op.latex()} \\cdot{q})"
@@ -208,6 +215,7 @@ class SeparableAffineConjugate(Term):
         return f"\\big({inner}\\big)^*({at})"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``ψ*(v), ψ = sΣσ̃(Mz + q)`` (without the coefficient)."""
         q = f" + {self.q}" if self.q is not None else ""
         sc = "" if self.s == 1.0 else f"{self.s:g}·"
         at = self.state.name if self.at is None else str(self.at)

@@ -114,6 +114,7 @@ class Coupling(_PairTerm):
         return Curvature("unknown", reason="the bilinear coupling z_iᵀ P z_j is indefinite")
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradients ``P z_j`` and ``Pᵀ z_i`` (for derivations)."""
         ui, uj = self.args
         p = self._p_str(latex)
         if latex:
@@ -131,10 +132,12 @@ class Coupling(_PairTerm):
         must be PSD as a whole)."""
 
     def raw_latex(self) -> str:
+        """LaTeX of ``z_iᵀ P z_j`` (without the coefficient)."""
         ui, uj = self.args
         return f"{_wrap(ui, True)}^\\top {self._p_str(True)}\\, {_wrap(uj, True)}"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``z_iᵀ P z_j`` (without the coefficient)."""
         ui, uj = self.args
         return f"{_wrap(ui, False)}ᵀ {self._p_str(False)} {_wrap(uj, False)}"
 
@@ -174,6 +177,7 @@ class ChannelDecorrelation(_PairTerm):
         super().__init__(z_i, z_j, P)
 
     def check_shapes(self) -> None:
+        """``P`` maps ``z_j`` to ``z_i``'s space; ``channels ≥ 2`` split ``z_i`` evenly."""
         super().check_shapes()
         n = self.args[0].size
         c = self.channels
@@ -230,6 +234,7 @@ class ChannelDecorrelation(_PairTerm):
                          "neither convex nor concave")
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: the term is not convex (local reference)."""
         raise NotDCPError(
             "the channel decorrelation term (sum of absolute values of bilinear forms) is not "
             "convex, so it has no CVXPY (DCP) form", term=str(self),
@@ -237,11 +242,13 @@ class ChannelDecorrelation(_PairTerm):
         )
 
     def raw_latex(self) -> str:
+        """LaTeX of ``D(z_i, z_j)`` (without the coefficient)."""
         ui, uj = self.args
         return (f"\\sum_{{k_1}}\\sum_{{k_2 \\ne k_1}} \\big|\\langle {_wrap(ui, True)}^{{(k_1)}}, "
                 f"({self._p_str(True)} {_wrap(uj, True)})^{{(k_2)}}\\rangle\\big|")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``D(z_i, z_j)`` (without the coefficient)."""
         ui, uj = self.args
         return (f"Σ_k1 Σ_k2≠k1 |<{_wrap(ui, False)}^(k1), "
                 f"({self._p_str(False)} {_wrap(uj, False)})^(k2)>|")

@@ -61,6 +61,7 @@ class BatchDecorrelation(Term):
         super().__init__(z)
 
     def check_shapes(self) -> None:
+        """At least 2 features (a ``ShapeError`` otherwise)."""
         require_states(self.args, str(self))
         if single_arg(self).size < 2:
             raise ShapeError(
@@ -97,6 +98,7 @@ class BatchDecorrelation(Term):
         return Curvature("unknown", reason="batch decorrelation is not convex")
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: not convex and batch-coupled (local reference)."""
         raise NotDCPError(
             "the batch decorrelation term is not convex (and couples the samples of a batch), "
             "so it has no CVXPY (DCP) form", term=str(self),
@@ -104,10 +106,12 @@ class BatchDecorrelation(Term):
         )
 
     def raw_latex(self) -> str:
+        """LaTeX of ``½||D Z Zᵀ D − I||_F²`` (without the coefficient)."""
         z = single_arg(self).latex()
         return (f"\\tfrac12\\big\\|D Z Z^\\top D - I\\big\\|_F^2\\Big|"
                 f"_{{Z = [{z}]_{{\\mathrm{{batch}}}}}}")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``½||D Z Zᵀ D − I||_F²`` (without the coefficient)."""
         z = single_arg(self)
         return f"½||D Z Zᵀ D - I||_F²[Z = batch of {z}]"

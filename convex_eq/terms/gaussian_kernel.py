@@ -108,9 +108,11 @@ class GaussianKernel(_GammaMixin, Term):
         self.gamma_value(None)
 
     def check_shapes(self) -> None:
+        """The argument ``r`` must involve a state."""
         require_states(self.args, str(self))
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and ``γ`` when it is a ``Scalar``."""
         return self._gamma_symbols(super().symbols())
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
@@ -130,6 +132,7 @@ class GaussianKernel(_GammaMixin, Term):
         return [1.0]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``−exp(−γ||r||²)·r`` (for derivations)."""
         r = single_arg(self)
         g = self._gamma_str(latex)
         if latex:
@@ -141,14 +144,17 @@ class GaussianKernel(_GammaMixin, Term):
         return Curvature("unknown", reason=_REASON)
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: the Gaussian kernel is not convex (local reference)."""
         self._refuse_export()
 
     def raw_latex(self) -> str:
+        """LaTeX of ``(1/(2γ))exp(−γ||r||²)`` (without the coefficient)."""
         g = self._gamma_str(True)
         two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
         return f"\\frac{{1}}{{{two_g}}} e^{{-{g}\\|{single_arg(self).latex()}\\|^2}}"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``(1/(2γ))exp(−γ||r||²)`` (without the coefficient)."""
         g = self._gamma_str(False)
         return f"exp(-{g}·||{single_arg(self)}||²)/(2·{g})"
 
@@ -222,6 +228,8 @@ class PatchGaussianKernel(_GammaMixin, Term):
         return self.channel_split * self.patch_hw[0] * self.patch_hw[1]
 
     def check_shapes(self) -> None:
+        """The image shape matches the argument and the patches tile it (a ``ShapeError``
+        otherwise)."""
         require_states(self.args, str(self))
         c, h, w = self.image_shape
         (ph, pw), cs = self.patch_hw, self.channel_split
@@ -246,6 +254,7 @@ class PatchGaussianKernel(_GammaMixin, Term):
             )
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols, ``W_h`` and ``γ`` when it is a ``Scalar``."""
         out = super().symbols()
         if all(self.W_h is not o for o in out):
             out.append(self.W_h)
@@ -301,15 +310,18 @@ class PatchGaussianKernel(_GammaMixin, Term):
         return Curvature("unknown", reason=_REASON)
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: the kernel is not convex (local reference)."""
         self._refuse_export()
 
     def raw_latex(self) -> str:
+        """LaTeX of ``(1/(2γ))Σ_i exp(−γ||r̃_i W_h||²)`` (without the coefficient)."""
         g = self._gamma_str(True)
         two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
         r = single_arg(self).latex()
         return (f"\\frac{{1}}{{{two_g}}} \\sum_i e^{{-{g}\\|[{r}]_i\\, {self.W_h.latex()}\\|^2}}")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``(1/(2γ))Σ_i exp(−γ||r̃_i W_h||²)`` (without the coefficient)."""
         g = self._gamma_str(False)
         return (f"Σ_i exp(-{g}·||[{single_arg(self)}]_i {self.W_h.name}||²)/(2·{g})"
                 f" [{self._patch_text()} patches of {self.image_shape}]")

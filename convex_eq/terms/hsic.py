@@ -62,6 +62,7 @@ class HSIC(Term):
         self.sigma_value(None)
 
     def check_shapes(self) -> None:
+        """At least 2 features (a ``ShapeError`` otherwise)."""
         require_states(self.args, str(self))
         if single_arg(self).size < 2:
             raise ShapeError(
@@ -70,6 +71,7 @@ class HSIC(Term):
             )
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and the RBF width ``σ`` when it is a ``Scalar``."""
         out = super().symbols()
         if isinstance(self.sigma_rbf, Scalar) and all(self.sigma_rbf is not o for o in out):
             out.append(self.sigma_rbf)
@@ -127,6 +129,7 @@ class HSIC(Term):
         return Curvature("unknown", reason="HSIC with RBF kernels is not convex")
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: HSIC is not convex and couples the batch."""
         raise NotDCPError(
             "the HSIC term is not convex (and couples the samples of a batch), so it has no "
             "CVXPY (DCP) form", term=str(self),
@@ -140,9 +143,11 @@ class HSIC(Term):
         return f"{float(s):g}"
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ_{i<j} HSIC_b(x_i, x_j)`` (without the coefficient)."""
         z = single_arg(self).latex()
         return (f"\\sum_{{i<j}} \\mathrm{{HSIC}}_{{{self._sigma_str(True)}}}"
                 f"\\big(Z_i, Z_j\\big)\\Big|_{{Z = [{z}]_{{\\mathrm{{batch}}}}}}")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ_{i<j} HSIC_b(x_i, x_j)`` (without the coefficient)."""
         return f"Σ_i<j HSIC_σ={self._sigma_str(False)}(rows of batch {single_arg(self)})"

@@ -37,6 +37,7 @@ class L1(Term):
         super().__init__(u)
 
     def check_shapes(self) -> None:
+        """The argument must involve a state."""
         require_states(self.args, str(self))
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
@@ -70,6 +71,7 @@ class L1(Term):
         return LinfBallIndicator(single_arg(self), self.scale, scalars=self.scalars)
 
     def export(self, ctx: ExportContext) -> None:
+        """``c·norm1(u)`` for ``c ≥ 0`` (a negative multiple is concave: ``NotDCPError``)."""
         c = self.coef(ctx.env)
         if c < 0:
             raise NotDCPError("a negative multiple of the ℓ1 norm is concave", term=str(self),
@@ -77,9 +79,11 @@ class L1(Term):
         ctx.add(c * cp.norm1(ctx.expr(single_arg(self))), source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``||u||₁`` (without the coefficient)."""
         return f"\\big\\|{single_arg(self).latex()}\\big\\|_1"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``||u||₁`` (without the coefficient)."""
         return f"||{single_arg(self)}||₁"
 
 
@@ -111,9 +115,11 @@ class LinfBallIndicator(Term):
         self.radius_value(None)
 
     def check_shapes(self) -> None:
+        """The argument must involve a state."""
         require_states(self.args, str(self))
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and the radius' ``Scalar`` symbols."""
         out = super().symbols()
         for s in (self.radius, *self.radius_scalars):
             if isinstance(s, Scalar) and all(s is not o for o in out):
@@ -183,8 +189,10 @@ class LinfBallIndicator(Term):
         return (" " if latex else "·").join(parts)
 
     def raw_latex(self) -> str:
+        """LaTeX of ``ι_{||u||∞ ≤ r}(u)`` (without the coefficient)."""
         return (f"\\iota\\big(\\|{single_arg(self).latex()}\\|_\\infty \\le "
                 f"{self._radius_str(True)}\\big)")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``ι_{||u||∞ ≤ r}(u)`` (without the coefficient)."""
         return f"ι(||{single_arg(self)}||∞ ≤ {self._radius_str(False)})"

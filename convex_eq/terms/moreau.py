@@ -52,6 +52,7 @@ class MoreauEnvelope(Term):
         return mu
 
     def symbols(self) -> list[Symbol]:
+        """The inner objective's symbols and ``μ`` when it is a ``Scalar``."""
         out = list(self.inner.symbols)
         if isinstance(self.mu, Scalar) and all(self.mu is not s for s in out):
             out.append(self.mu)
@@ -148,10 +149,12 @@ class MoreauEnvelope(Term):
         return self.mu.name if isinstance(self.mu, Scalar) else f"{self.mu:g}"
 
     def raw_latex(self) -> str:
+        """LaTeX of ``M_f^μ`` (without the coefficient)."""
         mu = self.mu.latex() if isinstance(self.mu, Scalar) else f"{self.mu:g}"
         return f"M^{{{mu}}}_{{{self.inner.latex()}}}({self.state.latex()})"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``M_f^μ`` (without the coefficient)."""
         return f"M^{self._mu_str()}[{self.inner}]({self.state.name})"
 
 

@@ -87,6 +87,8 @@ class Potential(_ActivationTerm):
         return self.scale * PotentialConjugate(self.act, single_arg(self), self.scale)
 
     def export(self, ctx: ExportContext) -> None:
+        """``c·f_σ`` for ``c ≥ 0``: its ``−½u²`` part as a quadratic (cancels exactly), the rest
+        DCP."""
         c = self.coef(ctx.env)
         if c < 0:
             raise NotDCPError("negative multiple of a convex potential", term=str(self))
@@ -97,9 +99,11 @@ class Potential(_ActivationTerm):
         ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ f_σ(u)`` (without the coefficient)."""
         return f"\\sum_j f_{{{_sig(self.act)}}}\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ f_σ(u)`` (without the coefficient)."""
         return f"Σ f_{self.act.name}({self._arg_str()})"
 
 
@@ -128,9 +132,11 @@ class PotentialConjugate(_ActivationTerm):
         return Potential(self.act, single_arg(self)) * self.c
 
     def raw_latex(self) -> str:
+        """LaTeX of ``c·Σ f_σ*(y/c)`` (without the coefficient)."""
         return f"\\sum_j f_{{{_sig(self.act)}}}^*\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``c·Σ f_σ*(y/c)`` (without the coefficient)."""
         return f"Σ f*_{self.act.name}({self._arg_str()})"
 
 
@@ -154,14 +160,15 @@ class Antiderivative(_ActivationTerm):
         return [self.act.lipschitz]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``σ(u)`` (for derivations)."""
         u = single_arg(self)
         if latex:
             return [f"{_sig(self.act)}({u.latex()})"]
         return [f"{self.act.name}({u})"]
 
     def conjugate(self) -> Term:
-        """``(c·Σσ̃(u))* = c·Σσ̃*(·/c)`` on a state, or ``ψ*`` of ``s·Σσ̃(Mz + q)`` (docs/theory.md
-        §2)."""
+        """``(c·Σσ̃(u))* = c·Σσ̃*(·/c)`` on a state, or ``ψ*`` of ``s·Σσ̃(Mz + q)``
+        (docs/theory.md §2)."""
         from .conjugate import SeparableAffineConjugate
 
         if self.scalars or self.scale <= 0:
@@ -172,9 +179,11 @@ class Antiderivative(_ActivationTerm):
         return SeparableAffineConjugate.from_antiderivative(self)
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ σ̃(u)`` (without the coefficient)."""
         return f"\\sum_j \\widetilde{{{_sig(self.act)}}}\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ σ̃(u)`` (without the coefficient)."""
         return f"Σ ∫{self.act.name}({self._arg_str()})"
 
 
@@ -214,6 +223,7 @@ class AntiderivativeConjugate(_ActivationTerm):
         return self.scale * Antiderivative(self.act, single_arg(self) * (1 / self.scale))
 
     def export(self, ctx: ExportContext) -> None:
+        """``c·σ̃* = c·(f_σ + ½u²)``, ``c ≥ 0``: the DCP part of ``f_σ`` plus one quadratic."""
         c = self.coef(ctx.env)
         if c < 0:
             raise NotDCPError("negative multiple of a convex term", term=str(self))
@@ -223,9 +233,11 @@ class AntiderivativeConjugate(_ActivationTerm):
         ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ σ̃*(u)`` (without the coefficient)."""
         return f"\\sum_j \\tilde{{{_sig(self.act)}}}^*\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ σ̃*(u)`` (without the coefficient)."""
         return f"Σ (∫{self.act.name})*({self._arg_str()})"
 
 

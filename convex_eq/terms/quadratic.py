@@ -38,6 +38,7 @@ class SqNorm(Term):
         return v / (1.0 + t)
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``u`` (for derivations)."""
         u = single_arg(self)
         return [u.latex() if latex else str(u)]
 
@@ -55,9 +56,11 @@ class SqNorm(Term):
         """Nothing here: the quadratic part is exported through the collected PSD form."""
 
     def raw_latex(self) -> str:
+        """LaTeX of ``½||u||²`` (without the coefficient)."""
         return f"\\tfrac12\\big\\|{single_arg(self).latex()}\\big\\|^2"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``½||u||²`` (without the coefficient)."""
         return f"½||{single_arg(self)}||²"
 
 
@@ -76,6 +79,7 @@ class Linear(Term):
         super().__init__(w, u)
 
     def check_shapes(self) -> None:
+        """``w`` and ``u`` have the same size (a ``ShapeError`` otherwise)."""
         w, u = self.args
         if w.size != u.size:
             raise ShapeError(f"sizes differ: {w} has {w.size}, {u} has {u.size}",
@@ -94,16 +98,20 @@ class Linear(Term):
         return [0.0, 0.0]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``w`` with respect to ``u`` (for derivations)."""
         w = self.args[0]
         return [None, w.latex() if latex else str(w)]
 
     def export(self, ctx: ExportContext) -> None:
+        """``coef·<w, u>`` as a linear term of the export."""
         ctx.add_linear(self.coef(ctx.env), self.args[0], self.args[1], source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``<w, u>`` (without the coefficient)."""
         return f"\\langle {self.args[0].latex()}, {self.args[1].latex()}\\rangle"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``<w, u>`` (without the coefficient)."""
         return f"<{self.args[0]}, {self.args[1]}>"
 
 
@@ -121,6 +129,7 @@ class QuadraticForm(Term):
         super().__init__(z)
 
     def check_shapes(self) -> None:
+        """``Q`` is square of the argument's size and symmetric (a ``ShapeError`` otherwise)."""
         u = single_arg(self)
         if self.Q.shape != (u.size, u.size):
             raise ShapeError(f"Q has shape {self.Q.shape}, argument {u} has size {u.size}",
@@ -165,10 +174,12 @@ class QuadraticForm(Term):
         """Nothing here: exported through the collected PSD form."""
 
     def raw_latex(self) -> str:
+        """LaTeX of ``½ uᵀQu`` (without the coefficient)."""
         u = single_arg(self).latex()
         return f"\\tfrac12 ({u})^\\top {self.Q.latex()} ({u})"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``½ uᵀQu`` (without the coefficient)."""
         u = single_arg(self)
         return f"½({u})ᵀ{self.Q.name}({u})"
 
