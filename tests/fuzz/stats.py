@@ -42,6 +42,15 @@ def record(test: str, outcome: str) -> None:
     event(f"{test}: {outcome}")
 
 
+#: the cases (repr and report) of unconfirmed verify FAILs, for the stats file (first 50)
+UNCONFIRMED: list[str] = []
+
+
+def keep_unconfirmed(text: str) -> None:
+    if len(UNCONFIRMED) < 50:
+        UNCONFIRMED.append(text)
+
+
 def fail_classes(counts: Counter) -> dict[str, int]:
     """verify FAILs by the adjudicator's class (``verify:failed[<class>](…)`` outcomes)."""
     out: Counter = Counter()
@@ -61,6 +70,7 @@ def summary() -> dict[str, Any]:
         "elapsed_s": round(time.time() - _STARTED, 1),
         "cases_per_test": {t: sum(c.values()) for t, c in tests.items()},
         "verify_fail_classes": fail_classes(COUNTS.get("verify", Counter())),
+        "unconfirmed_cases": UNCONFIRMED,
         "outcomes": tests,
     }
 
