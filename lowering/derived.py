@@ -12,7 +12,7 @@ from convex_eq.affine import values_from
 from convex_eq.errors import ShapeError
 from convex_eq.symbols import Env, Symbol, as_tensor
 
-from .nodes import Node
+from .nodes import Node, broadcast_batch
 from .trace import Claim, Contraction, Derivation
 
 
@@ -146,10 +146,3 @@ class DerivedLayer:
         from .module import EquilibriumModule
 
         return EquilibriumModule(self, **options)
-
-
-def broadcast_batch(v: torch.Tensor, batch: int) -> torch.Tensor:
-    """``(1, n)`` → ``(batch, n)`` (a batch-independent update); other shapes unchanged."""
-    if v.ndim == 2 and v.shape[0] == 1 and batch != 1:
-        return v.expand(batch, -1).contiguous()
-    return v

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,10 +25,13 @@ from convex_eq.errors import (
 from convex_eq.symbols import Symbol
 
 from ._compile import compile_disabled
-from .derived import DerivedLayer, broadcast_batch
+from .nodes import broadcast_batch
 from .sam import SAMConfig, sam_iterate
 from .solvers import SolverStats, get_solver, rel_residual
 from .weight_control import WeightControl
+
+if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
+    from .derived import DerivedLayer
 
 BACKWARDS = ("implicit", "phantom", "unroll")
 ON_FAIL = ("raise", "warn")

@@ -32,7 +32,6 @@ DEFERRED_CYCLE_EDGES = {
     ("convex_eq.terms.base", "convex_eq.objective"),
     ("convex_eq.objective", "convex_eq.terms.quadratic"),
     ("convex_eq.terms.potential", "convex_eq.terms.conjugate"),
-    ("lowering.derived", "lowering.module"),
 }
 
 
