@@ -82,26 +82,37 @@ def _adopt_dcp_base(cvxpy_error: ModuleType) -> None:
         NotDCPError.__bases__ = (*NotDCPError.__bases__, dcp)
 
 
+class _AdoptingLoader(importlib.abc.Loader):
+    """The loader of ``cvxpy.error``, followed by ``_adopt_dcp_base`` (other attributes, e.g.
+    ``get_source`` for tracebacks, are the wrapped loader's)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        _adopt_dcp_base(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
 class _OnCvxpyError(importlib.abc.MetaPathFinder):
-    """Runs ``_adopt_dcp_base`` right after ``cvxpy.error`` is first imported (then removes
-    itself), so the subclass relation holds without importing cvxpy with convex_eq."""
+    """Runs ``_adopt_dcp_base`` right after ``cvxpy.error`` is first imported (one shot), so
+    the subclass relation holds without importing cvxpy with convex_eq."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "cvxpy.error":
             return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None  # an unusual install: leave the import to the other finders
-        exec_module = loader.exec_module
-
-        def exec_and_adopt(module: ModuleType) -> None:
-            exec_module(module)
-            _adopt_dcp_base(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-
-        loader.exec_module = exec_and_adopt
+        spec.loader = _AdoptingLoader(spec.loader)
         return spec
 
 
