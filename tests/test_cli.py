@@ -101,3 +101,13 @@ def test_verify_markdown_embeds_its_plots(tmp_path: Path,
     assert len(images) == 2  # residual history and layer-vs-reference scatter
     for name in images:  # relative links to PNGs written beside the report
         assert (md.parent / name).stat().st_size > 10_000
+
+
+def test_bench_outside_a_source_checkout_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from convex_eq_app import cli
+
+    monkeypatch.setattr(cli, "BENCHMARKS", tmp_path / "benchmarks")  # as in a wheel install
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "failed at step 'find benchmarks'" in err and "not installed with the package" in err
