@@ -205,3 +205,14 @@ def test_reader_sees_deferred_typing_and_relative_imports(tmp_path: Path) -> Non
 def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_distribution_installs_the_four_packages_and_not_benchmarks() -> None:
+    """pyproject's package selection: benchmarks/ is run from the checkout, not installed."""
+    import tomllib
+
+    find_packages = pytest.importorskip("setuptools").find_packages  # the build backend
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    found = find_packages(where=str(ROOT), **conf["tool"]["setuptools"]["packages"]["find"])
+    assert {p.split(".")[0] for p in found} == set(LAYERS)
+    assert conf["project"]["scripts"]["convex-eq"] == "convex_eq_app.cli:main"
