@@ -183,3 +183,23 @@ def test_a_huge_state_never_reads_as_a_zero_residual(monkeypatch: pytest.MonkeyP
     assert not rep.passed
     assert math.isclose(rep.samples[0].residual, 1e-2, rel_tol=1e-9)
     assert any(f.startswith("optimality residual") for f in rep.failures), rep.failures
+
+
+@pytest.mark.parametrize("norm", [1.0, 0.5])
+def test_input_free_theorem1_minimizer_zero_with_a_wide_dual(norm: float) -> None:
+    """``(c·Σ∫relu(W·))*(z) − ½||z||²`` without input, W 6×4: z* = 0 (T(0) = 0 exactly),
+    Clarabel ~2e-6 away (relative error 6e-5 with the 1e-2 floor), and the CVXPY point could
+    not be polished (the dual y is not determined by z: Wᵀ is not injective) → FAIL (found by
+    the thorough fuzz's adjudicator: 3 of 4 unconfirmed FAILs).  The certified-convex numeric
+    reference, a second method, now replaces such a point when it is stationary and at least
+    as good in value."""
+    rng = np.random.default_rng(1)
+    z = State("z1", 4)
+    w = rng.normal(size=(6, 4))
+    w2 = Weight("W2", (6, 4), w / np.linalg.norm(w, 2) * norm)
+    phi = Objective([(ce.Antiderivative("relu", ce.Dense(w2) @ z) * 0.578799).conjugate(),
+                     -SqNorm(z)])
+    rep = _check(phi)
+    assert rep.passed, rep
+    assert rep.samples[0].abs_error <= 1e-10
+    assert any("numeric reference instead" in n for n in rep.samples[0].notes)
