@@ -1,7 +1,8 @@
 """Print the README table of ``verify.check`` over random instance families (Must show 1, 2, 4).
 
 Usage: ``python benchmarks/verify_table.py [--instances N] [--gradient-instances M]``.
-Every convex family is checked against its MATH §9 reference (CVXPY / certified-convex numeric /
+Every convex family is checked against its docs/theory.md §9 reference (CVXPY / certified-convex
+numeric /
 Corollary 1); GEQ and MOptEq against the local reference (stationary points, never minimizers);
 the ReLU OptEq gradients against cvxpylayers (SCS eps 1e-10) and finite differences.
 """

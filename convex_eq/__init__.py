@@ -8,8 +8,10 @@ Quick tour::
     exported = phi.to_cvxpy(x=[0.1, 0.2, 0.3, 0.4])
 """
 
+from typing import Any
+
 from . import models
-from .activations import available_activations, from_sympy, get_activation, register_activation
+from .activations import available_activations, get_activation, register_activation
 from .affine import Affine
 from .certificate import Certificate
 from .composition import DeepComposition
@@ -64,6 +66,15 @@ from .terms import (
     Term,
     moreau,
 )
+
+
+def __getattr__(name: str) -> Any:
+    """``from_sympy`` (user activations from sympy expressions) imports sympy on first use."""
+    if name == "from_sympy":
+        from .activations import symbolic
+
+        return symbolic.from_sympy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def conjugate(term: Term) -> Term:

@@ -54,6 +54,11 @@ class Certificate:
         return self.text
 
     def __str__(self) -> str:
+        """``text``, plus a warning when a condition fails at the evaluated weights."""
+        if self.kind == "conditional" and not self.holds:
+            bad = [c.text for c, v in zip(self.conditions, self.values)
+                   if not (v <= c.bound + c.tol if c.sense == "<=" else v >= c.bound - c.tol)]
+            return f"{self.text} — VIOLATED here ({'; '.join(bad)} fails): convexity not certified"
         return self.text
 
 
@@ -109,8 +114,9 @@ def _quadratic_conditions(obj: Objective) -> list[Condition]:
                 ident += p.coef * c * c
             elif p.coef < 0:
                 negs.append((-p.coef * c * c, op))
-        const_mod = sum(m.factor for m in mods if m.op is None and m.state is s)
-        op_mods = [m for m in mods if m.op is not None and m.state is s]
+        const_mod = sum(m.factor for m in mods if m.op is None and m.arg is None and m.state is s)
+        op_mods = [m for m in mods if m.op is not None and m.arg is None and m.state is s]
+        ok = ok and not any(m.arg is not None for m in mods)  # AᵀA moduli: generic λ_min(Q)
         a = ident + const_mod
         if ok and len(negs) == 1 and not op_mods and a > 0:
             kappa, op = negs[0]
@@ -126,7 +132,10 @@ def _quadratic_conditions(obj: Objective) -> list[Condition]:
                                    f"\\|{m.op.latex()}\\|_2 \\le {bound:.4g}",
                                    lambda env, op=m.op: op.norm(env), bound, "<=", op=m.op))
             return conds
-    conds.append(Condition("λ_min(Q) ≥ 0", "\\lambda_{\\min}(Q) \\ge 0",
+    conds.append(Condition("λ_min(Q) ≥ 0, Q = Hessian of the quadratic terms + strong-convexity "
+                           "moduli of the convex terms",
+                           "\\lambda_{\\min}(Q) \\ge 0,\\ Q = \\nabla^2(\\text{quadratic terms}) + "
+                           "\\text{strong-convexity moduli}",
                            lambda env: quadratic_eigmin(obj, env), 0.0, ">="))
     return conds
 
@@ -158,7 +167,10 @@ def quadratic_eigmin(obj: Objective, env: Env | None) -> float:
                 a2 = lift(p.u2)
                 q += p.coef * (a1.T @ a2 + a2.T @ a1)
         m = t.strong_convexity()
-        if m is not None:
+        if m is not None and m.arg is not None:
+            a1 = lift(m.arg)
+            q += m.modulus(env) * a1.T @ a1
+        elif m is not None:
             o = offs[m.state.name]
             idx = np.arange(o, o + m.state.size)
             q[idx, idx] += m.modulus(env)

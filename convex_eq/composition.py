@@ -1,4 +1,4 @@
-"""Deep OptEq (MATH §5): ``T = f_L ∘ … ∘ f_1``, ``f_l = α prox_{φ_l} + (1-α) id``.
+"""Deep OptEq (docs/theory.md §5): ``T = f_L ∘ … ∘ f_1``, ``f_l = α prox_{φ_l} + (1-α) id``.
 
 Each layer objective ``φ_l`` is declared on its own output block (``z_l``; the last layer's output
 is ``z_0``), which is exactly the multi-block form of Lemma 3: ``z_1 = f_1(z_0)``, …,

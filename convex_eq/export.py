@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import cvxpy as cp
 import numpy as np
 
+from ._lazy import cvxpy as cp
 from .affine import Affine
 from .errors import ExportError, NotDCPError, ShapeError, SolverError
 from .symbols import Env, Symbol, as_tensor
@@ -161,7 +161,8 @@ class ExportContext:
         self.state_maps[name] = s
 
     def finalize_variables(self) -> None:
-        """Give every state not substituted its own block, then create the CVXPY variable."""
+        """Give every state not substituted its own block, then create the CVXPY variable (one
+        vector over all blocks, named after them)."""
         for s in self.states:
             if self.state_maps[s.name] is None:
                 sl = self.new_block(s.name, s.size)
@@ -172,7 +173,11 @@ class ExportContext:
         for k, m in list(self.state_maps.items()):
             if m.shape[1] < n:
                 self.state_maps[k] = np.hstack([m, np.zeros((m.shape[0], n - m.shape[1]))])
-        self.f = cp.Variable(n, name="f")
+        # named after the user's symbols: "z", or "[z; w]" for stacked blocks (an auxiliary
+        # block carries its state's name, e.g. "z_dual0" for the dual variable of z)
+        names = [name for name, _ in self._blocks]
+        label = names[0] if len(names) == 1 else "[" + "; ".join(names) + "]"
+        self.f = cp.Variable(n, name=label)
 
     # ------------------------------------------------------------- arguments
     def linear_map(self, u: Affine) -> tuple[np.ndarray, Any]:

@@ -2,12 +2,13 @@
 
 * ``opteq(form="conjugate")``: OptEq Theorem 1 (TPAMI Eq. 5-6), ``φ = ψ* - ½||·||²``,
   ``ψ = (1/μ)Σσ̃(Wz + Ux + b)``;
-* ``opteq(form="canonical")``: reformulated OptEq (MATH §3 row 1),
+* ``opteq(form="canonical")``: reformulated OptEq (docs/theory.md §3 row 1),
   ``Σf_σ(z) + ½||z||² - <Ux+b, z> - ½||Wz||²``;
 * ``deep_opteq``: deep OptEq, TPAMI §5 (Lemma 3 / Thm 2 / Cor 1),
   ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``;
-* ``geq``: GEQ/KerDEQ (MATH §3 rows 2-3), Gaussian-kernel similarity, whole or patch-split;
-* ``mopteq``: MOptEq with HH&D fusion (MATH §3 row 4), per-branch linear kernels
+* ``geq``: GEQ/KerDEQ (docs/theory.md §3 rows 2-3), Gaussian-kernel similarity, whole or
+  patch-split;
+* ``mopteq``: MOptEq with HH&D fusion (docs/theory.md §3 row 4), per-branch linear kernels
   ``+ ½ΣH - (λ/2)ΣD``.
 """
 
@@ -23,7 +24,7 @@ from .activations import get_activation
 from .composition import DeepComposition
 from .errors import ShapeError
 from .objective import Objective
-from .operators import Conv2d, downsample_or_identity
+from .operators import Conv1d, Conv2d, downsample_or_identity
 from .symbols import Input, Scalar, State, Weight
 from .terms import (
     Antiderivative,
@@ -46,14 +47,45 @@ def spectral_weight(name: str, shape: tuple[int, ...], norm: float = 0.9, seed: 
     return Weight(name, shape, w)
 
 
-def conv_weight(name: str, c_out: int, c_in: int, k: int, in_shape: tuple[int, int, int],
-                norm: float = 0.9, seed: int = 0, padding: int | None = None) -> Conv2d:
-    """A random convolution scaled to operator norm ``norm`` (power iteration)."""
+def conv_weight(name: str, c_out: int, c_in: int, k: int | tuple[int, ...],
+                in_shape: tuple[int, ...], norm: float = 0.9, seed: int = 0,
+                padding: int | tuple[int, ...] | None = None, groups: int = 1) -> Conv2d | Conv1d:
+    """A random convolution scaled to operator norm ``norm`` (power iteration): ``Conv2d`` on
+    ``in_shape = (C, H, W)``, ``Conv1d`` on ``(C, L)``; ``k`` an int or one size per spatial
+    dimension; ``groups = c_in`` is depthwise.  With the default "same" padding ``k_d // 2`` a
+    kernel size is capped at ``2n_d − 1`` (taps beyond it only ever see padding: their weights
+    would never train), e.g. ``k = 3`` on a ``(C, 1, 40)`` signal is a ``1×3`` kernel."""
+    spatial = tuple(in_shape[1:])
+    if len(spatial) not in (1, 2):
+        raise ShapeError(f"in_shape {in_shape} must be (C, L) or (C, H, W)", term=name)
+    ks = (k,) * len(spatial) if isinstance(k, int) else tuple(k)
+    if len(ks) != len(spatial):
+        raise ShapeError(f"kernel {k} has {len(ks)} sizes for {len(spatial)} spatial dims",
+                         term=name, hint=f"give one size per dimension of {spatial}")
+    if padding is None:
+        ks = tuple(min(kd, 2 * n - 1) for kd, n in zip(ks, spatial))
+        if any(kd % 2 == 0 for kd in ks):
+            raise ShapeError(f"kernel {ks} has an even size: 'same' padding k // 2 would change "
+                             "the feature map's size", term=name, hint="use odd kernel sizes")
+        padding = tuple(kd // 2 for kd in ks)
+    if c_in % groups or c_out % groups:
+        raise ShapeError(f"groups = {groups} must divide {c_in} input and {c_out} output "
+                         "channels", term=name)
     g = np.random.default_rng(seed)
-    w = Weight(name, (c_out, c_in, k, k), g.standard_normal((c_out, c_in, k, k)) / (k * k))
-    op = Conv2d(w, in_shape=in_shape, padding=k // 2 if padding is None else padding)
+    shape = (c_out, c_in // groups, *ks)
+    w = Weight(name, shape, g.standard_normal(shape) / math.prod(ks))
+    cls = Conv2d if len(spatial) == 2 else Conv1d
+    op = cls(w, in_shape=in_shape, padding=padding, groups=groups)
     w.value = w.value * (norm / op.norm())
     return op
+
+
+def _conv_spec(conv: tuple[Any, ...]) -> tuple[int, Any, int]:
+    """``(channels, kernel[, groups])`` of ``opteq(conv=…)`` / ``geq(conv=…)``."""
+    if len(conv) not in (2, 3):
+        raise ShapeError(f"conv={conv} must be (channels, kernel) or (channels, kernel, groups)",
+                         term="conv", hint="kernel: an int or one size per spatial dimension")
+    return conv[0], conv[1], (conv[2] if len(conv) == 3 else 1)
 
 
 def _injection(name: str, out_size: int, d: int, seed: int) -> tuple[Input, Any]:
@@ -66,32 +98,34 @@ def _injection(name: str, out_size: int, d: int, seed: int) -> tuple[Input, Any]
 
 def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
           form: str = "canonical", mu: float = 1.0, weight_norm: float = 0.9, seed: int = 0,
-          conv: tuple[int, int] | None = None, image: tuple[int, int, int] | None = None
+          conv: tuple[Any, ...] | None = None, image: tuple[int, ...] | None = None
           ) -> Objective:
     """OptEq. ``form="conjugate"``: ``φ(z) = ψ*(z) - ½||z||²``, ``ψ(z) = (1/μ)Σσ̃(Wz+Ux+b)``,
     ``W: m×n`` (layer ``(1/μ)Wᵀσ(Wz+q)``). ``form="canonical"``: ``Σf_σ(z) + ½||z||² - <q,z> -
-    ½||Wz||²`` (layer ``σ(WᵀWz + q)``). ``conv=(channels, kernel)`` with ``image=(C,H,W)`` of the
-    input uses convolutional ``U`` and ``W`` on a ``channels×H×W`` state (canonical form)."""
+    ½||Wz||²`` (layer ``σ(WᵀWz + q)``). ``conv=(channels, kernel[, groups])`` with
+    ``image=(C,H,W)`` (or ``(C,L)``: 1-D) of the input uses convolutional ``U`` and ``W`` on a
+    ``channels×H×W`` state; ``kernel`` an int or one size per dimension; ``groups = channels``
+    makes ``W`` depthwise (see ``conv_weight``)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     if conv is not None:
         if image is None:
             raise ShapeError("conv OptEq needs image=(C, H, W) of the input", term="opteq")
-        ch, k = conv
-        c0, hh, ww = image
-        z = State("z", (ch, hh, ww))
+        ch, k, groups = _conv_spec(conv)
+        c0, *sp = image
+        z = State("z", (ch, *sp))
         x = Input("x", image)
         u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
-        b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
-        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
+        b = Weight("b", (z.size,), np.zeros(z.size))
+        w_op = conv_weight("W", ch, ch, k, z.shape, norm=weight_norm, seed=seed, groups=groups)
         q = u_op @ x + b
         if form == "conjugate":
             psi = Antiderivative(act, w_op @ z + q) * (1.0 / mu)
             obj = Objective([psi.conjugate(), -SqNorm(z)], name="opteq-conv-conj")
-            obj.reference = "OptEq (conv), Theorem 1, MATH §2"
+            obj.reference = "OptEq (conv), Theorem 1, docs/theory.md §2"
             return obj
         obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w_op @ z)],
                         name="opteq-conv")
-        obj.reference = "OptEq (conv), MATH §3 row 1"
+        obj.reference = "OptEq (conv), docs/theory.md §3 row 1"
         return obj
     if form == "canonical":
         z = State("z", n)
@@ -99,7 +133,7 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
         w = spectral_weight("W", (m, n), weight_norm, seed)
         obj = Objective([Potential(act, z), SqNorm(z), -Linear(q, z), -SqNorm(w @ z)],
                         name="opteq")
-        obj.reference = "reformulated OptEq, MATH §3 row 1 (TPAMI Eq. 7)"
+        obj.reference = "reformulated OptEq, docs/theory.md §3 row 1 (TPAMI Eq. 7)"
         return obj
     if form == "conjugate":
         z = State("z", n)
@@ -107,7 +141,7 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
         w = spectral_weight("W", (m, n), weight_norm * math.sqrt(mu), seed)
         psi = Antiderivative(act, w @ z + q) * (1.0 / mu)
         obj = Objective([psi.conjugate(), -SqNorm(z)], name="opteq-conj")
-        obj.reference = "OptEq Theorem 1, MATH §2 (TPAMI Eq. 5-6)"
+        obj.reference = "OptEq Theorem 1, docs/theory.md §2 (TPAMI Eq. 5-6)"
         return obj
     raise ShapeError(f"unknown form {form!r}", term="opteq", hint="use 'canonical' or 'conjugate'")
 
@@ -132,60 +166,81 @@ def deep_opteq(L: int = 2, n: int = 12, m: int = 12, d: int = 6, activation: Any
 
 def geq(n: int = 16, p: int = 16, d: int = 8, activation: Any = "relu", *,
         gamma: float = 0.5, weight_norm: float = 0.9, seed: int = 0,
-        patch: int | None = None, image: tuple[int, int, int] | None = None, h: int = 4,
-        conv: tuple[int, int] | None = None) -> Objective:
-    """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b`` (MATH §3 row 2);
-    with ``patch`` and ``image=(C,H,W)`` (the layout of q and Wz) the patch-split kernel
-    ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3)."""
+        patch: int | tuple[int, int] | None = None, image: tuple[int, int, int] | None = None,
+        h: int = 4, conv: tuple[Any, ...] | None = None, channel_split: int | None = None
+        ) -> Objective:
+    """GEQ: ``Σf_σ(z) + ½||z||² - (1/2γ)exp(-γ||q - Wz||²)``, ``q = Ux + b``
+    (docs/theory.md §3 row 2);
+    with ``patch`` (``p`` or ``(p_h, p_w)``) and ``image=(C,H,W)`` (the layout of q and Wz) the
+    patch-split kernel ``(1/2γ)Σ_i exp(-γ||(x̃_i - z̃_i)W_h||²)`` (row 3), patches of
+    ``channel_split`` = ``c_s`` channels (default all)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     gam = Scalar("gamma", gamma, low=0.0, low_open=True)
     if conv is not None:
         if image is None or patch is None:
             raise ShapeError("conv GEQ needs image=(C, H, W) of the input and a patch size",
                              term="geq")
-        ch, k = conv
+        ch, k, groups = _conv_spec(conv)
         c0, hh, ww = image
         z = State("z", (ch, hh, ww))
         x = Input("x", image)
         u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
         b = Weight("b", (ch * hh * ww,), np.zeros(ch * hh * ww))
-        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed)
-        g = np.random.default_rng(seed + 3)
-        dim = patch * patch * ch
-        wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
-        s = PatchGaussianKernel(u_op @ x + b, w_op @ z, gam, patch, wh, (ch, hh, ww))
+        w_op = conv_weight("W", ch, ch, k, (ch, hh, ww), norm=weight_norm, seed=seed,
+                           groups=groups)
+        wh = _patch_weight(patch, channel_split or ch, h, seed)
+        s = PatchGaussianKernel(u_op @ x + b, w_op @ z, gam, patch, wh, (ch, hh, ww),
+                                channel_split=channel_split)
         obj = Objective([Potential(act, z), SqNorm(z), -s], name="geq-conv")
-        obj.reference = "GEQ (conv, patch-split Gaussian kernel), MATH §3 row 3"
+        obj.reference = "GEQ (conv, patch-split Gaussian kernel), docs/theory.md §3 row 3"
         return obj
     z = State("z", n)
     x, q = _injection("", p, d, seed)
     w = spectral_weight("W", (p, n), weight_norm, seed)
     if patch is None:
         s = GaussianKernel(q - w @ z, gam)
-        name, ref = "geq", "GEQ/KerDEQ Gaussian kernel, MATH §3 row 2"
+        name, ref = "geq", "GEQ/KerDEQ Gaussian kernel, docs/theory.md §3 row 2"
     else:
         if image is None or math.prod(image) != p:
             raise ShapeError(f"image layout {image} must have p = {p} entries", term="geq")
-        c = image[0]
-        g = np.random.default_rng(seed + 3)
-        dim = patch * patch * c
-        wh = Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
-        s = PatchGaussianKernel(q, w @ z, gam, patch, wh, image)
-        name, ref = "geq-patch", "GEQ with patch splitting, MATH §3 row 3"
+        wh = _patch_weight(patch, channel_split or image[0], h, seed)
+        s = PatchGaussianKernel(q, w @ z, gam, patch, wh, image, channel_split=channel_split)
+        name, ref = "geq-patch", "GEQ with patch splitting, docs/theory.md §3 row 3"
     obj = Objective([Potential(act, z), SqNorm(z), -s], name=name)
     obj.reference = ref
     return obj
 
 
+def _patch_weight(patch: int | tuple[int, int], cs: int, h: int, seed: int) -> Weight:
+    """``W_h``: ``(c_s·p_h·p_w) × h``, entries ``N(0, 1/dim)``."""
+    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    dim = cs * ph * pw
+    g = np.random.default_rng(seed + 3)
+    return Weight("W_h", (dim, h), g.standard_normal((dim, h)) / math.sqrt(dim))
+
+
 def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d: int = 8,
            activation: Any = "relu", *, lam: float = 0.1, weight_norm: float = 0.5,
-           seed: int = 0, decorrelation: bool = True) -> Objective:
+           seed: int = 0, decorrelation: bool = True, fusion: str | None = None
+           ) -> Objective:
     """MOptEq (HH&D fusion): ``Σ_i [Σf_σ(z_i) + ½||z_i||² - <q_i, z_i> - ½||W_i z_i||²]
-    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; MATH §3 row 4)."""
+    - ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic; docs/theory.md §3 row 4).
+
+    ``fusion``: ``"HD"`` (both terms, the default), ``"H"`` (no decorrelation; the same as
+    ``decorrelation=False``) or ``"none"``: the parallel baseline POptEq, independent branches
+    ``z_i = σ(W_iᵀW_i z_i + U_i x + b_i)`` with neither term."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     k = len(shapes)
     if k < 2:
         raise ShapeError("MOptEq needs at least two branches", term="mopteq")
+    if fusion is None:
+        fusion = "HD" if decorrelation else "H"
+    elif fusion not in ("HD", "H", "none"):
+        raise ShapeError(f"unknown fusion {fusion!r}", term="mopteq",
+                         hint="use 'HD' (MOptEq), 'H' (no decorrelation) or 'none' (POptEq)")
+    elif fusion == "HD" and not decorrelation:
+        raise ShapeError("fusion='HD' contradicts decorrelation=False", term="mopteq",
+                         hint="pass only fusion=")
     lam_s = Scalar("lam", lam, low=0.0)
     x = Input("x", d)
     zs = [State(f"z{i + 1}", s) for i, s in enumerate(shapes)]
@@ -196,14 +251,18 @@ def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d:
         u = Weight(f"U{i + 1}", (zi.size, d), g.standard_normal((zi.size, d)) / math.sqrt(d))
         b = Weight(f"b{i + 1}", (zi.size,), 0.1 * g.standard_normal(zi.size))
         terms += [Potential(act, zi), SqNorm(zi), -Linear(u @ x + b, zi), -SqNorm(w @ zi)]
-    for i in range(k):
+    for i in range(k if fusion != "none" else 0):
         zi, zj = zs[i], zs[(i + 1) % k]
         p = downsample_or_identity(zj.shape, zi.shape)
         terms.append(Coupling(zi, zj, p) * -0.5)
-        if decorrelation:
+        if fusion == "HD":
             terms.append(ChannelDecorrelation(zi, zj, p) * lam_s * 0.5)
+    if fusion == "none":
+        obj = Objective(terms, name="popteq")
+        obj.reference = "POptEq: parallel OptEq branches without fusion, docs/theory.md §3 row 4"
+        return obj
     obj = Objective(terms, name="mopteq")
-    obj.reference = "MOptEq HH&D fusion, MATH §3 row 4"
+    obj.reference = "MOptEq HH&D fusion, docs/theory.md §3 row 4"
     return obj
 
 

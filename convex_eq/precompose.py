@@ -1,9 +1,8 @@
-"""Affine precomposition ``φ → φ∘A``, ``A(z) = Mz + c`` with ``M`` square invertible (MATH §4)."""
+"""Affine precomposition ``φ → φ∘A``, ``A(z) = Mz + c`` with ``M`` square invertible
+(docs/theory.md §4)."""
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,22 +11,32 @@ from .affine import Affine, Entry
 from .errors import LoweringError, ShapeError
 from .objective import Objective
 from .symbols import Constant, State, Symbol, as_tensor
+from .terms.base import Term
 
 
-@dataclass
-class Precomposition:
-    """Record of ``φ∘A`` kept on the new objective for the lowering rule ``A⁻¹∘T∘A``."""
+class Precomposed(Objective):
+    """``(φ∘A)(z) = φ(Mz + c)``: an objective whose terms read ``Mz + c`` in place of the old
+    state, remembering ``φ``, the old and new states and ``A`` for the lowering rule
+    ``A⁻¹∘T∘A``."""
 
-    inner: Objective
-    old: Symbol
-    new: Symbol
-    M: Constant
-    c: Constant | None
+    def __init__(self, terms: list[Term], inner: Objective, old: Symbol, new: Symbol,
+                 M: Constant, c: Constant | None, name: str = "") -> None:
+        super().__init__(terms, name=name)
+        self.inner, self.old, self.new, self.M, self.c = inner, old, new, M, c
+
+    @property
+    def precomposition(self) -> Precomposed:
+        """The record of ``φ∘A`` (this objective itself)."""
+        return self
 
     def orthogonality_defect(self) -> float:
         """``||MᵀM - I||₂`` (0 iff the linear part is orthogonal: the layer is then a prox)."""
         m = self.M.resolve(None).detach().cpu().numpy()
         return float(np.linalg.norm(m.T @ m - np.eye(m.shape[0]), 2))
+
+
+#: former name of the record (now the objective itself)
+Precomposition = Precomposed
 
 
 def _subst(a: Affine, old: Symbol, new: Symbol, op: Any, c: Constant | None) -> Affine:
@@ -65,15 +74,11 @@ def precompose(obj: Objective, M: Any, c: Any = None, name: str | None = None) -
     op = Dense(mc)
     terms = []
     for t in obj.terms:
-        if hasattr(t, "declare"):
+        if hasattr(t, "declare") and type(t).with_args is Term.with_args:
             raise LoweringError(
                 f"precomposition of a {t.label} term is not supported", term=str(t),
                 hint="precompose an objective written with affine-argument terms "
                 "(e.g. the canonical OptEq form)",
             )
-        t2 = copy.copy(t)
-        t2.args = [_subst(a, old, new, op, cc) for a in t.args]
-        terms.append(t2)
-    out = Objective(terms, name=f"{obj.name}∘A")
-    out.precomposition = Precomposition(obj, old, new, mc, cc)
-    return out
+        terms.append(t.with_args([_subst(a, old, new, op, cc) for a in t.args]))
+    return Precomposed(terms, obj, old, new, mc, cc, name=f"{obj.name}∘A")

@@ -194,6 +194,31 @@ class Scalar(Symbol):
         """Current value as a python float (checked against the range)."""
         return self.check(float(self.resolve(env)))
 
+    def __mul__(self, c: Any) -> Any:
+        """``c·λ`` for a number ``c``: a coefficient that scales a term (``0.5 * lam * t``)."""
+        if isinstance(c, (int, float)) and not isinstance(c, bool):
+            return ScaledScalar(self, float(c))
+        return NotImplemented
+
+    __rmul__ = __mul__  # type: ignore[assignment]
+
+
+class ScaledScalar:
+    """``factor·λ``: a number times a scalar hyper-parameter, waiting to scale a term."""
+
+    def __init__(self, scalar: Scalar, factor: float):
+        self.scalar, self.factor = scalar, factor
+
+    def __mul__(self, c: Any) -> Any:
+        if isinstance(c, (int, float)) and not isinstance(c, bool):
+            return ScaledScalar(self.scalar, self.factor * float(c))
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __repr__(self) -> str:
+        return f"{self.factor:g}·{self.scalar.name}"
+
 
 _GREEK = {
     "alpha", "beta", "gamma", "delta", "epsilon", "lambda", "mu", "sigma", "rho", "kappa",

@@ -1,4 +1,4 @@
-"""Workflow 4 — deep OptEq from a feed-forward network (MATH §5, Lemma 1/2).
+"""Workflow 4 — deep OptEq from a feed-forward network (docs/theory.md §5, Lemma 1/2).
 
 Converts a trained-looking ``nn.Sequential`` into weight-tied OptEq layers, checks the outputs
 are identical, and prints each layer's hidden objective and its certificate.

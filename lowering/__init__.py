@@ -2,7 +2,7 @@
 
 from .converter import ConvertedNetwork, convert
 from .derived import DerivedLayer
-from .lower import lower
+from .lower import lower, register_rule, unregister_rule
 from .perturbation import Perturbation, perturbation
 from .sam import SAMConfig
 from .solvers import SOLVERS, SolverStats, register_solver, solve
@@ -11,5 +11,5 @@ from .trace import Claim, Contraction, Derivation, Step
 __all__ = [
     "SOLVERS", "Claim", "Contraction", "ConvertedNetwork", "Derivation", "DerivedLayer",
     "Perturbation", "SAMConfig", "SolverStats", "Step", "convert", "lower", "perturbation",
-    "register_solver", "solve",
+    "register_rule", "register_solver", "solve", "unregister_rule",
 ]

@@ -1,4 +1,4 @@
-"""Feed-forward → weight-tied OptEq (MATH §5, Lemma 1/2).
+"""Feed-forward → weight-tied OptEq (docs/theory.md §5, Lemma 1/2).
 
 A network ``x_{k+1} = σ_k(A_k x_k + c_k)`` is rewritten with factors ``A_k = W̄_{k+1} W̄_kᵀ``,
 ``W̄_k ∈ R^{n_k×m}``, ``m ≥ n_k + n_{k+1}``: ``W̄_{k+1} = A_k (W̄_kᵀ)⁺ + N_k`` with ``N_k W̄_kᵀ = 0``

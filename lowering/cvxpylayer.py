@@ -6,7 +6,7 @@ module for gradient checks."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -14,7 +14,8 @@ from torch import nn
 
 from convex_eq.errors import ExportError, OptionError, ShapeError
 
-from .derived import DerivedLayer
+if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module(backend=...))
+    from .derived import DerivedLayer
 
 
 class CvxpyLayerModule(nn.Module):

@@ -12,7 +12,7 @@ from convex_eq.affine import values_from
 from convex_eq.errors import ShapeError
 from convex_eq.symbols import Env, Symbol, as_tensor
 
-from .nodes import Node
+from .nodes import Node, broadcast_batch
 from .trace import Claim, Contraction, Derivation
 
 
@@ -22,7 +22,8 @@ class DerivedLayer:
 
     ``nodes[b]`` is the update of block ``b`` (all blocks are updated from the same old state).
     ``is_prox`` says whether ``T`` is exactly ``prox_φ`` of the lowered objective (needed by
-    edits such as the Moreau skip rule to keep their exact claims)."""
+    edits such as the Moreau skip rule to keep their exact claims); ``payload`` holds the
+    rule's typed facts (``info`` is the same as a dict)."""
 
     source: Any
     blocks: list[Symbol]
@@ -33,7 +34,12 @@ class DerivedLayer:
     is_prox: bool = False
     certificate: Any = None
     regularizers: list[Any] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
+    payload: Any = None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The rule's payload as a dict (``{}`` without one)."""
+        return {} if self.payload is None else self.payload.as_dict()
 
     # ------------------------------------------------------------------ symbols
     @property
@@ -140,10 +146,3 @@ class DerivedLayer:
         from .module import EquilibriumModule
 
         return EquilibriumModule(self, **options)
-
-
-def broadcast_batch(v: torch.Tensor, batch: int) -> torch.Tensor:
-    """``(1, n)`` → ``(batch, n)`` (a batch-independent update); other shapes unchanged."""
-    if v.ndim == 2 and v.shape[0] == 1 and batch != 1:
-        return v.expand(batch, -1).contiguous()
-    return v

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,10 +33,14 @@ from convex_eq.symbols import Symbol
 
 from .backward import AdjointConfig, FixedPointProblem, get_backward
 from .config import ModuleConfig, build_config
-from .derived import DerivedLayer, broadcast_batch
+from .nodes import broadcast_batch
+from ._compile import compile_disabled
 from .sam import sam_iterate
 from .solvers import SolverStats, Tracker, get_solver
 from .weight_control import WeightControl, norm_conditions
+
+if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
+    from .derived import DerivedLayer
 
 BACKWARDS = ("implicit", "phantom", "unroll")
 ON_FAIL = ("raise", "warn", "mask")
@@ -386,7 +390,7 @@ class EquilibriumModule(nn.Module):
         problem = FixedPointProblem(fn, tensors, adj, sink)
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
-    @torch.compiler.disable
+    @compile_disabled
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
                ) -> tuple[torch.Tensor, SolverStats]:
         """The forward solve (eager: data-dependent loops are not traced by torch.compile)."""

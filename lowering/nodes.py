@@ -306,3 +306,10 @@ class LinearMap(Node):
 
     def latex(self) -> str:
         return self._latex.replace("◊", self.inner.latex())
+
+
+def broadcast_batch(v: torch.Tensor, batch: int) -> torch.Tensor:
+    """``(1, n)`` → ``(batch, n)`` (a batch-independent update); other shapes unchanged."""
+    if v.ndim == 2 and v.shape[0] == 1 and batch != 1:
+        return v.expand(batch, -1).contiguous()
+    return v

@@ -1,4 +1,5 @@
-"""Worst-case input perturbations derived from the objective (MATH §7, MOptEq Proposition 2).
+"""Worst-case input perturbations derived from the objective (docs/theory.md §7, MOptEq Proposition
+2).
 
 When ``G(z; x)`` is affine in the injected input, ``argmax_{||δ||∞ ≤ ε} G(z; x - δ) =
 -ε·sign(∇_x G(z; x))``; for the linear kernel ``-<Ux + b, z>`` this is ``δ = ε·sign(Uᵀz)``.

@@ -1,4 +1,5 @@
-"""SAM iteration (MATH §6, Theorem 5): choose ``argmin_{z ∈ Fix T} R(z)`` among many equilibria.
+"""SAM iteration (docs/theory.md §6, Theorem 5): choose ``argmin_{z ∈ Fix T} R(z)`` among many
+equilibria.
 
 ``z^k = β_k S_{λ_k}(z^{k-1}) + (1-β_k) T(z^{k-1})``, ``S_λ(z) = (1-γλ)z - γ∇R(z)``,
 ``β_k = λ_k = ρ/k^c``, ``γ = 1/(2L_R)``, ``ρ, c > 0``, ``ρ + 2c < 1``.

@@ -1,57 +1,126 @@
-"""The derivation trace (rule, condition, before/after), the claim and the contraction estimate."""
+"""The derivation trace (rule, condition, before/after), the claim and the contraction estimate.
+
+Steps, derivations and claims are immutable values: a rule that edits a layer returns a new
+derivation (``d.then(step)``), it never appends to the one it was given.  Formulas are written
+once, as a tuple of parts (plain strings in unicode math, nodes, objectives, terms, symbols), and
+one printer (:func:`render`) turns them into plain text or LaTeX."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 from convex_eq.symbols import Env
 
+#: a formula: one part or a tuple of parts; a part is a string or an object with ``latex()``
+Formula = Any
 
-@dataclass
+_WORDS = {"prox": "\\mathrm{prox}", "argmin": "\\arg\\min", "soft": "\\mathrm{soft}",
+          "Lip": "\\mathrm{Lip}", "cond": "\\mathrm{cond}", "sign": "\\mathrm{sign}"}
+_CHARS = {
+    "∇": "\\nabla ", "∂": "\\partial ", "φ": "\\varphi ", "ψ": "\\psi ", "σ": "\\sigma ",
+    "λ": "\\lambda ", "μ": "\\mu ", "α": "\\alpha ", "γ": "\\gamma ", "τ": "\\tau ",
+    "κ": "\\kappa ", "Σ": "\\sum ", "Φ": "\\Phi ", "ι": "\\iota ", "Π": "\\prod ",
+    "−": "-", "∈": "\\in ", "≤": "\\le ", "≥": "\\ge ", "⪰": "\\succeq ", "≻": "\\succ ",
+    "∘": "\\circ ", "·": "\\cdot ", "←": "\\leftarrow ", "⇔": "\\Leftrightarrow ",
+    "⇒": "\\Rightarrow ", "→": "\\to ", "⟶": "\\longrightarrow ", "…": "\\dots ",
+    "½": "\\tfrac12 ", "²": "^2", "₂": "_2", "₁": "_1", "ᵀ": "^\\top ", "⁻¹": "^{-1}",
+    "∫": "\\int ", "◊": "\\diamond ", "̃": "", "*": "^*", "⊆": "\\subseteq ",
+}
+_TOKEN = re.compile("|".join([*(f"(?<![A-Za-z]){w}(?![A-Za-z])" for w in _WORDS),
+                               *sorted(map(re.escape, _CHARS), key=len, reverse=True),
+                               r"\|\|"]))
+
+
+def _latex_of_text(s: str) -> str:
+    """Unicode math as written in the rules → LaTeX (``prox_φ`` → ``\\mathrm{prox}_\\varphi``)."""
+    def sub(m: re.Match[str]) -> str:
+        t = m.group(0)
+        if t == "||":
+            return "\\|"
+        return _WORDS.get(t) or _CHARS[t]
+
+    return _TOKEN.sub(sub, s)
+
+
+def render(formula: Formula, latex: bool = False) -> str:
+    """The one printer: a formula (a part or a tuple of parts) as plain text or as LaTeX."""
+    if isinstance(formula, tuple):
+        return "".join(render(p, latex) for p in formula)
+    if isinstance(formula, str):
+        return _latex_of_text(formula) if latex else formula
+    if latex:
+        return formula.latex()
+    return formula.text() if hasattr(formula, "text") and callable(formula.text) else str(formula)
+
+
+def _prose_latex(s: str) -> str:
+    return "\\text{" + s.replace("_", "\\_").replace("{", "\\{").replace("}", "\\}") + "}"
+
+
+@dataclass(frozen=True)
 class Step:
-    """One rule application: ``before ⟶ after`` under ``condition``."""
+    """One rule application: ``before ⟶ after`` under ``condition`` (formulas printed by
+    :func:`render`; ``condition`` and ``note`` are prose)."""
 
     rule: str
     condition: str
-    before: str
-    after: str
-    before_latex: str = ""
-    after_latex: str = ""
+    before: Formula
+    after: Formula
     note: str = ""
 
     def text(self, i: int) -> str:
         lines = [f"[{i}] {self.rule}", f"    condition: {self.condition or 'none'}",
-                 f"    before: {self.before}", f"    after:  {self.after}"]
+                 f"    before: {render(self.before)}", f"    after:  {render(self.after)}"]
         if self.note:
             lines.append(f"    note:   {self.note}")
         return "\n".join(lines)
 
     def latex(self, i: int) -> str:
-        cond = self.condition.replace("_", "\\_") if self.condition else "none"
-        before = self.before_latex or self.before
-        after = self.after_latex or self.after
-        note = f"\\\\ \\quad\\text{{note: {self.note}}}" if self.note else ""
-        return (f"\\textbf{{[{i}] {self.rule}}}\\quad(\\text{{condition: {cond}}})\\\\\n"
-                f"\\quad {before} \\;\\Longrightarrow\\; {after}{note}")
+        note = f"\\\\ \\quad{_prose_latex('note: ' + self.note)}" if self.note else ""
+        return (f"\\textbf{{[{i}] {self.rule}}}\\quad"
+                f"({_prose_latex('condition: ' + (self.condition or 'none'))})\\\\\n"
+                f"\\quad {render(self.before, True)} \\;\\Longrightarrow\\; "
+                f"{render(self.after, True)}{note}")
 
 
-@dataclass
+class ClaimKind(StrEnum):
+    """What an equilibrium of the layer is (compares equal to its string value)."""
+
+    MINIMIZER = "minimizer"
+    MODIFIED_MINIMIZER = "modified minimizer"  # of φ + M¹[γR] (prox-variant edit)
+    STATIONARY = "stationary point"
+    INCLUSION = "inclusion"  # Theorem 2's monotone inclusion (deep compositions, L ≥ 3)
+
+    @property
+    def needs_certificate(self) -> bool:
+        """Only a convexity certificate makes this claim true."""
+        return self is not ClaimKind.STATIONARY
+
+
+@dataclass(frozen=True)
 class Claim:
     """What the equilibrium satisfies, stated exactly."""
 
-    kind: str  # "minimizer" | "modified minimizer" | "stationary point" | "inclusion"
+    kind: ClaimKind
     statement: str
     latex: str = ""
     objective_text: str = ""
-    conditions: list[str] = field(default_factory=list)
+    conditions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ClaimKind(self.kind))
+        object.__setattr__(self, "conditions", tuple(self.conditions))
 
     def __str__(self) -> str:
         cond = f" (if {'; '.join(self.conditions)})" if self.conditions else ""
         return f"{self.kind}: {self.statement}{cond}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Contraction:
     """Lipschitz bound of ``T``: a formula from the terms and its current value."""
 
@@ -69,17 +138,14 @@ class Contraction:
         return f"Lip(T) ≤ {self.formula} = {v:.4g} ({verdict})"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Derivation:
-    """Ordered derivation steps; prints as plain text or LaTeX."""
+    """Ordered derivation steps (a value: ``then`` returns a new derivation)."""
 
-    steps: list[Step] = field(default_factory=list)
+    steps: tuple[Step, ...] = field(default_factory=tuple)
 
-    def add(self, step: Step) -> None:
-        self.steps.append(step)
-
-    def extend(self, other: Derivation) -> None:
-        self.steps.extend(other.steps)
+    def then(self, *steps: Step) -> Derivation:
+        return Derivation((*self.steps, *steps))
 
     def text(self) -> str:
         return "\n".join(s.text(i + 1) for i, s in enumerate(self.steps))

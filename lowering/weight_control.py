@@ -50,7 +50,7 @@ def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
     conds = []
     cert = derived.certificate
     sources = list(cert.conditions) if cert is not None else []
-    sources += derived.info.get("conditions", [])
+    sources += [c for c in derived.info.get("conditions", []) if all(c is not o for o in sources)]
     for c in sources:
         op = getattr(c, "op", None)
         if op is not None and c.sense == "<=":
@@ -212,7 +212,8 @@ def _operator_for(derived: Any, name: str) -> Any:
         if isinstance(op, Compose):
             return walk(op.A) or walk(op.B)
         syms = op.symbols() if hasattr(op, "symbols") else []
-        if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv2d"):
+        if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv1d",
+                                                                              "Conv2d"):
             return op
         return None
 

@@ -4,7 +4,7 @@ References are independent of the code under test: proximal maps, conjugates and
 recomputed by scipy scalar minimization from *function values only* (``potential``,
 ``conjugate_potential``, ``antiderivative``), σ̃ by scipy ``quad`` of σ (softplus: the dilogarithm
 via ``scipy.special.spence``), derivatives by central finite differences, closed forms by numpy
-formulas typed in from MATH.md §1 (with the exact ``+log 2`` constant for the sigmoid).
+formulas typed in from docs/theory.md §1 (with the exact ``+log 2`` constant for the sigmoid).
 
 Tolerances: ``minimize_scalar`` locates a minimizer of a smooth objective only to about
 ``sqrt(eps) ≈ 1.5e-8`` relative (the objective is flat to second order there), and numeric (quad)

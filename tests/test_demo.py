@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from convex_eq.demo import run
+from convex_eq_app.demo import run
 
 
 def test_quick_demo_writes_report_and_plots(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_quick_demo_writes_report_and_plots(tmp_path: Path) -> None:
         assert (tmp_path / f).stat().st_size > 0
     data = json.loads((tmp_path / "results.json").read_text())
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in data["results"])
-    # every derived model was verified against its MATH §9 reference
+    # every derived model was verified against its docs/theory.md §9 reference
     for r in out["results"][:4]:
         assert "cvxpy" in r.verification or "local" in r.verification
     print(f"quick demo: {out['total_seconds']:.1f} s")

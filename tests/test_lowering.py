@@ -1,5 +1,6 @@
-"""Lowering: derived T vs hand-written MATH.md formulas, derivation text, backward modes, solvers,
-converter, SAM, emitted-module behaviour.  References are written here from MATH.md directly."""
+"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
+solvers, converter, SAM, emitted-module behaviour.  References are written here from
+docs/theory.md directly."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def test_regularizer_edits_both_variants(case: str) -> None:
     elif case == "incay-grad":
         reg, variant = gam * ce.FeatureIncay(z, 0.5), "gradient"
         nrm = (z_v ** 2).sum(1, keepdim=True)
-        inner = (1 + 4 * gam / (nrm + 2 * 0.5) ** 2) * z_v  # MATH §4, derived sign
+        inner = (1 + 4 * gam / (nrm + 2 * 0.5) ** 2) * z_v  # docs/theory.md §4, derived sign
     else:
         hand = _hand_decorrelation if case == "decor-grad" else (lambda t: _hand_hsic(t, 1.0))
         term = ce.BatchDecorrelation(z) if case == "decor-grad" else ce.HSIC(z, 1.0)
@@ -226,7 +227,8 @@ def test_mopteq_h_and_d() -> None:
     g1, g2 = torch.autograd.grad(dsum, (zz1, zz2))
     w1, u1, b1 = W(g, "W1"), W(g, "U1"), W(g, "b1")
     w2, u2, b2 = W(g, "W2"), W(g, "U2"), W(g, "b2")
-    # MATH §3 row 4: σ(W_iᵀW_i z_i + q_i + ½(P_{i:i+1} z_{i+1} + P_{i-1:i}ᵀ z_{i-1}) − (λ/2)∇D)
+    # docs/theory.md §3 row 4: σ(W_iᵀW_i z_i + q_i + ½(P_{i:i+1} z_{i+1} + P_{i-1:i}ᵀ z_{i-1}) −
+    # (λ/2)∇D)
     ref1 = torch.relu(z1 @ w1.T @ w1 + x @ u1.T + b1 + 0.5 * (up(z2) + up(z2)) - lam / 2 * g1)
     ref2 = torch.relu(z2 @ w2.T @ w2 + x @ u2.T + b2 + 0.5 * (down(z1) + down(z1)) - lam / 2 * g2)
     out = d.apply({"z1": z1, "z2": z2, "x": x})

@@ -240,7 +240,8 @@ def test_canonical_opteq_export_value_and_solve(act: str) -> None:
 
 @pytest.mark.parametrize("act", EXPORTABLE_ACTS)
 def test_conjugate_opteq_export_in_y_form(act: str) -> None:
-    """MATH §2: min_y Σσ̃*(y) - <q,y> - ½||Wᵀy||², z = Wᵀy (m ≤ n so y is determined by z)."""
+    """docs/theory.md §2: min_y Σσ̃*(y) - <q,y> - ½||Wᵀy||², z = Wᵀy (m ≤ n so y is determined by
+    z)."""
     obj = models.opteq(n=7, m=5, d=3, activation=act, form="conjugate", seed=4)
     xv = RNG.standard_normal(3)
     ex = obj.to_cvxpy(x=xv)

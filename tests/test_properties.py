@@ -1,4 +1,4 @@
-"""The theorems of MATH.md as hypothesis properties (``verify.properties``).
+"""The theorems of docs/theory.md as hypothesis properties (``verify.properties``).
 
 For every property: (1) a ``@given`` test under the active profile (``ci`` when CI=true: 15
 examples; ``dev``: 40; ``thorough``: 400), and (2) a broken-rule test: a deliberately wrong rule
@@ -425,5 +425,6 @@ def test_every_property_is_registered_and_tested() -> None:
     for n in names:
         assert f"P.{n}" in src, f"{n} has no test"
     for p in P.PROPERTIES:
-        assert "MATH" in p.section or "paper" in p.section or "NeurIPS" in p.section
-        assert p.check.__doc__ and ("MATH" in p.check.__doc__ or "Lemma 5" in p.check.__doc__)
+        assert "docs/theory.md" in p.section or "paper" in p.section or "NeurIPS" in p.section
+        doc = p.check.__doc__
+        assert doc and ("docs/theory.md" in doc or "Lemma 5" in doc)

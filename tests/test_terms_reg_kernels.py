@@ -215,7 +215,7 @@ def test_incay_gradient_sign_is_derived_not_printed():
     assert bool(((g * u).sum(-1) < 0).all())
     t = 1e-3
     assert bool((term.value({"z": u - t * g}) < term.value(vals)).all())
-    # layer of MATH §4: z - γ∇R = (1 + 4γ/(||z||²+2ε)²) z (enlarges the features)
+    # layer of docs/theory.md §4: z - γ∇R = (1 + 4γ/(||z||²+2ε)²) z (enlarges the features)
     gam = 0.1
     assert torch.allclose(u - gam * g, (1 + 4 * gam / a**2) * u)
     # the sign printed in the paper (+4z/(...)²) is not the gradient: it is not a descent direction
@@ -421,7 +421,7 @@ def test_gaussian_kernel_lipschitz_through_weight():
 
 
 def test_gaussian_kernel_layer_matches_math_formula():
-    # ∇_z S for S = (1/2γ) exp(-γ||q - Wz||²) is e^{-γ||q-Wz||²} Wᵀ(q - Wz)   (MATH §3)
+    # ∇_z S for S = (1/2γ) exp(-γ||q - Wz||²) is e^{-γ||q-Wz||²} Wᵀ(q - Wz)   (docs/theory.md §3)
     z, q = State("z", 4), Input("q", 5)
     W = Weight("W", (5, 4), seed=55)
     gam = 0.3

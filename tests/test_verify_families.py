@@ -1,6 +1,7 @@
 """Must show 1, 2, 4 of the verify issue on random instance families (verify.families).
 
-1. every convex family: ≥ 100 random instances, max relative error layer vs its MATH §9 reference
+1. every convex family: ≥ 100 random instances, max relative error layer vs its docs/theory.md §9
+   reference
    ≤ 1e-6 in float64 (CVXPY for every DCP-exportable family);
 2. GEQ (whole, patch-split) and MOptEq: verified as stationary points with residual ≤ 1e-8, never
    labelled a (global) minimizer;

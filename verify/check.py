@@ -1,8 +1,9 @@
-"""``verify.check``: is the layer's equilibrium what its derivation claims (MATH §9)?
+"""``verify.check``: is the layer's equilibrium what its derivation claims (docs/theory.md §9)?
 
 1. the equilibrium, by a tight float64 solve of ``z = T(z, x)`` with the target's current weights;
 2. the certificate at these weights ("claim not certified here: <condition>" when violated);
-3. the reference chosen by MATH §9 and the claim — CVXPY (DCP-exportable), the certified-convex
+3. the reference chosen by docs/theory.md §9 and the claim — CVXPY (DCP-exportable), the
+   certified-convex
    numeric reference (convex, not DCP), the local reference (non-convex: never "minimizer"),
    Corollary 1 / Theorem 2 for deep models, the value-function reformulation for SAM;
 4. relative state error, objective gap, optimality residual ``||z - T(z)||`` (the lowering's
@@ -36,13 +37,15 @@ from .equilibrium import (
     info_from_stats,
     operator,
     prepare_inputs,
+    relative_residual,
     resolve_target,
     single_thread,
 )
 from .gradients import gradient_check
-from .lifting import lift, minimize
+from .lifting import lift, lift_batch, minimize
 from .references import (
     CvxpyOutcome,
+    batch_local_reference,
     cvxpy_reference,
     deep_blocks,
     inclusion_residuals,
@@ -54,6 +57,9 @@ from .references import (
     wide_solution,
 )
 from .report import EquilibriumInfo, ReferenceInfo, Report, SampleResult, Tolerances
+from .report import worst as _worst
+from .selection import REFERENCE_KINDS, Situation, select_reference
+from .unwind import unwind
 
 T64 = torch.float64
 REFERENCES = ("auto", "cvxpy", "numeric", "local")
@@ -158,31 +164,29 @@ class _Run:
     def independent_stationarity(self, obj: Objective, b: int) -> float | None:
         """Projected gradient of the lifted objective at the layer's state (autograd); for
         ``φ∘A`` at ``u = A(z)`` on ``φ`` (whose potentials then act on plain states)."""
-        zs = {k: v.detach().to(T64).numpy() for k, v in self.states.items()}  # (B, size)
-        pc = getattr(obj, "precomposition", None)
-        while pc is not None:  # φ∘A∘B…: down to the innermost φ at u = A(B(…z))
-            m = pc.M.resolve(self.env).detach().to(T64).numpy()
-            u = zs[pc.new.name] @ m.T
-            if pc.c is not None:
-                u = u + pc.c.resolve(self.env).detach().to(T64).numpy().reshape(1, -1)
-            obj, zs = pc.inner, {pc.old.name: u}
-            pc = getattr(obj, "precomposition", None)
-        if len(obj.terms) == 1 and isinstance(obj.terms[0], MoreauEnvelope) and \
-                obj.terms[0].coef(self.env) > 0:
-            obj = obj.terms[0].inner  # argmin λM^μ_φ = argmin φ (the Moreau skip claim)
+        uw = unwind(obj, self.env)  # φ∘A∘B… and λM^μ_φ: down to the innermost φ at u = A(…z)
+        obj = uw.inner
+        zs = uw.forward({k: v.detach().to(T64).numpy() for k, v in self.states.items()})
         env = _env_for(obj, self.env)
+        if _batch_coupled(obj):
+            # batch-coupled terms (decorrelation, HSIC): the objective is one function of the
+            # whole batch; sample b's rows of its forward–backward residual
+            pb = lift_batch(obj, self.inputs, env)
+            vb = pb.lift_point(zs)
+            if vb is None:
+                return None
+            if not math.isfinite(pb.value(vb)):
+                return math.inf
+            g = pb.smooth_grad(vb, raw=True)
+            if not np.all(np.isfinite(g)):
+                return math.inf
+            r, vr = pb.rows(vb - pb.prox_step(vb - g))[b], pb.rows(vb)[b]
+            return float(np.linalg.norm(r)) / max(1.0, float(np.linalg.norm(vr)))
         p = lift(obj, self.sample_inputs_t(b), env)
         v = p.lift_point({k: a[b] for k, a in zs.items()})
         if v is None:
             return None
-        if not p.coupled:
-            return p.projected_gradient(v) / max(1.0, float(np.linalg.norm(v)))
-        # batch-coupled terms (decorrelation, HSIC): the objective is one function of the whole
-        # batch, so the smooth gradient of sample b is taken from the batch objective
-        g = _batch_smooth_gradient(obj, p, zs, self.inputs, env, b)
-        if g is None or not math.isfinite(p.value(v)) or not np.all(np.isfinite(g)):
-            return None if g is None else math.inf
-        return float(np.linalg.norm(v - p.prox_step(v - g))) / max(1.0, float(np.linalg.norm(v)))
+        return p.projected_gradient(v) / max(1.0, float(np.linalg.norm(v)))
 
     # ---------------------------------------------------------------- references
     _polish_pg: tuple[float, float] = (math.nan, math.nan)
@@ -196,16 +200,11 @@ class _Run:
         one only if it is at least as good and more stationary, and only starting from a point
         already near-stationary (projected gradient ≤ ``POLISH_FROM``): the reference stays
         CVXPY's, refined; ``None`` if not applicable."""
-        st = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in states.items()}
-        chain = []  # φ∘A: polish φ at u = A(z), map back z = A⁻¹(u) (M invertible by the rule)
-        pc = getattr(obj, "precomposition", None)
-        while pc is not None:
-            m = pc.M.resolve(self.env).detach().to(T64).numpy()
-            c = (pc.c.resolve(self.env).detach().to(T64).numpy().reshape(-1)
-                 if pc.c is not None else np.zeros(m.shape[0]))
-            chain.append((pc, m, c))
-            obj, st = pc.inner, {pc.old.name: m @ st[pc.new.name] + c}
-            pc = getattr(obj, "precomposition", None)
+        # φ∘A: polish φ at u = A(z), map back z = A⁻¹(u); λM^μ_φ: polish φ (same argmin)
+        uw = unwind(obj, self.env)
+        obj = uw.inner
+        st = uw.forward({k: np.asarray(v, dtype=np.float64).reshape(-1)
+                         for k, v in states.items()})
         try:
             p = lift(obj, self.sample_inputs_t(b), _env_for(obj, self.env))
             v0 = p.lift_point(st)
@@ -221,10 +220,7 @@ class _Run:
                 and res.f <= f0 + 1e-12 * max(1.0, abs(f0))):
             return None
         self._polish_pg = (pg0, res.pg)
-        out = p.states(res.v)
-        for pc, m, c in reversed(chain):
-            out = {pc.new.name: np.linalg.solve(m, np.asarray(out[pc.old.name]).reshape(-1) - c)}
-        return out
+        return uw.backward(p.states(res.v))
 
     def run_cvxpy(self, obj: Objective, label: str) -> bool:
         """CVXPY per sample; returns False (nothing recorded) if the objective is not DCP and
@@ -237,7 +233,7 @@ class _Run:
             except ExportError as err:
                 if self.reference == "auto":
                     self.notes.append(f"not DCP-exportable ({err.reason}): using the "
-                                      "certified-convex numeric reference (MATH §9.2)")
+                                      "certified-convex numeric reference (docs/theory.md §9.2)")
                     return False
                 self.ref = ReferenceInfo("cvxpy", "CVXPY", ok=False,
                                          failure=f"not DCP-exportable: {err}")
@@ -332,7 +328,7 @@ class _Run:
             "from an interior start, independent of the layer", " / ".join(sorted(msgs)),
             [s.status for s in self.samples],
             {"gtol": 1e-12, "ftol": 1e-16, "newton_stop": 1e-14}, 1)
-        worst = max(stats)
+        worst = _worst(stats)
         ok = worst <= self.tols.reference_stationarity
         self.ref.ok = ok
         self.rule("reference_stationarity", ok, f"reference solver failed: numeric reference "
@@ -365,12 +361,12 @@ class _Run:
         errs = [s.rel_error for s in self.samples if s.rel_error is not None
                 and not (gap and s.argmin_not_unique)]
         if errs:
-            worst = max(errs)
+            worst = _worst(errs)
             self.rule("rel_error", worst <= rel_tol,
                       f"relative error {worst:.3e} > {rel_tol:g} (layer vs reference)")
         gaps = [abs(s.gap) for s in self.samples if s.gap is not None]
         if gap and gaps:
-            worst = max(gaps)
+            worst = _worst(gaps)
             self.rule("gap", worst <= self.tols.gap,
                       f"objective gap {worst:.3e} > {self.tols.gap:g}")
 
@@ -379,23 +375,47 @@ class _Run:
             return
         stats = [s.stationarity for s in self.samples if s.stationarity is not None]
         if stats:
-            worst = max(stats)
+            worst = _worst(stats)
             self.rule("stationarity", worst <= self.tols.stationarity,
                       f"independent stationarity residual {worst:.3e} > "
                       f"{self.tols.stationarity:g}")
 
+    def no_equilibrium(self) -> None:
+        """No reference: without an equilibrium there is nothing to compare."""
+        self.notes.append("no reference computed: without an equilibrium there is nothing to "
+                          "compare (the layer may have no fixed point here)")
+        self.ref = ReferenceInfo("none", "not computed (equilibrium not found)", ok=False)
+        self.label = "equilibrium not found"
+        tol = self.tols.sam if getattr(self.module, "sam", None) is not None \
+            else self.tols.residual
+        for s in self.samples:
+            s.label = "equilibrium not found" if s.residual > tol else "not compared"
+
     def run_local(self, obj: Objective) -> None:
+        # φ∘A (and λM^μ_φ): starts, stationarity and second-order check on the innermost φ at
+        # u = A(z) — A invertible, so local minimizers and stationary points correspond, and
+        # φ's non-smooth terms act on plain variables there (boxes, separable proxes)
+        claim_obj, uw = obj, unwind(obj, self.env)
+        obj = uw.inner
         env = _env_for(obj, self.env)
         labels = []
         refs = []
+        coupled = _batch_coupled(obj)
+        if coupled:  # one problem over the whole batch (a coupled term needs every sample)
+            whole = batch_local_reference(
+                obj, self.inputs, env,
+                uw.forward({k: v.numpy() for k, v in self.states.items()}),
+                self.starts, self.rng)
         for b in range(self.bsz):
-            out = local_reference(obj, self.sample_inputs_t(b), env, self.layer_state(b),
-                                  self.starts, self.rng)
+            out = whole if coupled else local_reference(
+                obj, self.sample_inputs_t(b), env, uw.forward(self.layer_state(b)), self.starts,
+                self.rng)
             s = self.samples[b]
             s.stationarity = out.stationarity
             if out.nearest is not None:
                 a = _flat(self.layer_state(b), self.compare_names)
-                r = _flat(out.nearest, self.compare_names)
+                near = {k: v[b] for k, v in out.nearest.items()} if coupled else out.nearest
+                r = _flat(uw.backward(near), self.compare_names)
                 refs.append(r)
                 s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
             s.objective = out.layer_value
@@ -412,13 +432,12 @@ class _Run:
             if so_info is not None:
                 s.lambda_min = so_info["lambda_min"]
                 s.second_order = so_info["verdict"]
-            if _batch_coupled(obj):
-                # one function of the whole batch: the per-sample starts and second-order test
-                # see a different function; stationarity is taken from the batch objective
-                s.stationarity = self.independent_stationarity(obj, b)
-                s.lambda_min, s.second_order = None, ""
-                s.notes.append("batch-coupled objective: stationarity of the batch objective; "
-                               "local starts and second-order check (one sample) not applicable")
+            if coupled:
+                # one function of the whole batch: starts, values and the second-order check
+                # are those of the batch problem; stationarity is sample b's share of it
+                s.stationarity = self.independent_stationarity(claim_obj, b)
+                s.notes.append("batch-coupled objective: local starts, objective values and "
+                               "second-order check on the whole batch (one problem)")
             stationary = s.residual <= self.tols.residual and (
                 s.stationarity is None or s.stationarity <= self.tols.stationarity)
             if not stationary:
@@ -464,14 +483,14 @@ class _Run:
             for key in ("prox-form", "gradient-form"):
                 vals = [float(r[key][b]) for r in inc.values() if key in r]
                 if vals:
-                    s.block_residuals[key] = max(vals)
+                    s.block_residuals[key] = _worst(vals)
             if "gradient-form" in s.block_residuals:
                 s.stationarity = s.block_residuals["gradient-form"]
         for key in ("prox-form", "gradient-form"):
             vals = [s.block_residuals[key] for s in self.samples if key in s.block_residuals]
             if vals:
-                self.rule(f"inclusion_{key}", max(vals) <= self.tols.residual,
-                          f"Theorem 2 {key} residual {max(vals):.3e} > {self.tols.residual:g}")
+                self.rule(f"inclusion_{key}", _worst(vals) <= self.tols.residual,
+                          f"Theorem 2 {key} residual {_worst(vals):.3e} > {self.tols.residual:g}")
         y = wide_solution(comp, self.inputs, self.env)
         for b in range(self.bsz):
             d = max(float((blocks_t[k][b] - y[b]).norm()) for k in self.compare_names)
@@ -491,7 +510,8 @@ class _Run:
             self.ref = ReferenceInfo(
                 "inclusion", "Theorem 2 inclusion 0 ∈ ∂Φ(z̃) + (I − P)z̃ block by block: prox "
                 "form ||z_i − (α prox_φi + (1−α) id)(z_{i−1})|| and gradient form "
-                "||∇(α M^{1−α}_φi)(z_i) + z_i − z_{i−1}|| (∇ of the envelope by MATH §9.2 with "
+                "||∇(α M^{1−α}_φi)(z_i) + z_i − z_{i−1}|| (∇ of the envelope by "
+                "docs/theory.md §9.2 with "
                 "a Newton solve of prox_{κψ}); no objective exists for L ≥ 3",
                 "semismooth Newton (prox_{κψ})", ["computed"] * self.bsz)
             self.rules["reference"] = True
@@ -504,36 +524,65 @@ class _Run:
     def run_sam(self, obj: Objective) -> None:
         cfg = self.module.sam  # type: ignore[union-attr]
         env = _env_for(obj, self.env)
-        outs = []
-        delta = math.nan
-        for b in range(self.bsz):
-            o, delta = sam_reference(obj, cfg.R, self.sample_inputs_np(b), env, self.opts)
-            outs.append(o)
+        outs = [sam_reference(obj, cfg.R, self.sample_inputs_np(b), env, self.opts)
+                for b in range(self.bsz)]
+        epss = [o.eps for o in outs if o.ok]
         self.ref = ReferenceInfo(
-            "sam", f"argmin_(Fix T) R by value function: min R s.t. φ(z) ≤ φ* + δ "
-            f"(δ = {delta:.1e}; reference error O(√δ)); Fix T = argmin φ", outs[0].solver,
-            [o.status for o in outs],
+            "sam", "argmin_(Fix T) R as the limit of the Tikhonov path z(ε) = argmin φ + ε R "
+            "(ε = 1e-2 … 1e-7, each an ordinary strongly convex CVXPY solve), Fix T = argmin φ; "
+            "the ε kept (" + (f"{max(epss):.0e}" if epss else "n/a") + ") minimizes the "
+            "estimated error ||z(ε) − z(10ε)||, stated as the reference accuracy",
+            outs[0].solver, [o.status for o in outs],
             {**{f"stage1 {k}": v for k, v in _tol_dict(self.opts).items()},
              **{f"stage2 {k}": v for k, v in _tol_dict(outs[-1].options).items()}})
         bad = [b for b, o in enumerate(outs) if not o.ok]
         if bad:
+            o = outs[bad[0]]
             self.ref.ok = False
-            self.rule("reference", False, f"reference solver failed: {outs[bad[0]].solver} "
-                      f"status '{outs[bad[0]].status}' on sample(s) {bad} — not compared")
+            self.ref.failure = f"status {o.status}"
+            self.rule("reference", False, f"reference solver failed: {o.solver} status "
+                      f"'{o.status}' on sample(s) {bad} (weights tried: "
+                      + ", ".join(f"ε={d:.0e} {st}" for d, st in o.levels) + ") — not compared")
             return
-        self.rules["reference"] = True
-        refs = []
+        refs, accs = [], []
         for b, o in enumerate(outs):
             s = self.samples[b]
             a, r = _flat(self.layer_state(b), self.compare_names), _flat(o.states,
                                                                         self.compare_names)
             refs.append(r)
             s.rel_error, s.abs_error = _rel_err(a, r, self.tols.scale_floor)
+            acc = o.error / max(float(np.linalg.norm(r)), self.tols.scale_floor)
+            accs.append(acc)
             s.status = o.status
+            s.notes.append(f"SAM reference at ε = {o.eps:.0e}: estimated relative accuracy "
+                           f"{acc:.1e}")
             s.label = "argmin over Fix T of R (Theorem 5)"
+        self.ref.tolerances["estimated reference accuracy (relative)"] = _worst(accs)
+        # a reference whose own error is not ≤ tol/10 cannot decide a comparison at tol
+        ok = _worst(accs) <= 0.1 * self.tols.sam
+        self.rule("reference", ok, f"reference not accurate enough: estimated relative error "
+                  f"{_worst(accs):.2e} > {0.1 * self.tols.sam:g} (a tenth of the SAM tolerance) — "
+                  "not compared")
+        if not ok:
+            self.ref.ok = False
+            return
         self.z_ref = np.stack(refs)
         self.label = "argmin over Fix T of R (Theorem 5)"
         self.check_rel_gap(self.tols.sam, gap=False)
+
+def claim_objective(derived: DerivedLayer) -> Any:
+    """The objective the claim is about: the source, except under a Moreau skip (``λM^μ_φ``,
+    one term), which keeps the claim of the layer it wraps — whose source may be an edited
+    objective (``φ + M¹[γR]`` for a prox-variant regularizer): that one is the reference's."""
+    src = derived.source
+    inner = getattr(derived.payload, "inner", None)
+    while (isinstance(inner, DerivedLayer) and isinstance(src, Objective)
+           and isinstance(inner.source, Objective) and len(src.terms) == 1
+           and isinstance(src.terms[0], MoreauEnvelope)
+           and [b.name for b in inner.blocks] == [b.name for b in derived.blocks]):
+        src = inner.source
+        inner = getattr(inner.payload, "inner", None)
+    return src
 
 
 def _tol_dict(opts: Mapping[str, Any]) -> dict[str, Any]:
@@ -552,26 +601,6 @@ def _batch_coupled(obj: Objective) -> bool:
     return any(getattr(t, "batch_coupled", False) for t in terms)
 
 
-def _batch_smooth_gradient(obj: Objective, p: Any, zs: Mapping[str, np.ndarray],
-                           inputs: Mapping[str, torch.Tensor], env: Any, b: int
-                           ) -> np.ndarray | None:
-    """``∇h`` of the batch objective ``Σ_b G_b + R(Z)`` w.r.t. sample ``b``'s lifted vector,
-    ``h`` = every term except the lifted problem's prox terms (None unless every block of the
-    lifted problem is a plain state)."""
-    if any(blk.origin != "state" for blk in p.blocks):
-        return None
-    prox = {id(t) for t in p.prox_terms.values()}
-    Z = {k: torch.as_tensor(a, dtype=T64).requires_grad_() for k, a in zs.items()}
-    vals = {**{k: v.to(T64) for k, v in inputs.items()}, **Z}
-    tot = sum(t.value(vals, env).sum() for t in obj.terms if id(t) not in prox)
-    if not isinstance(tot, torch.Tensor) or not tot.requires_grad:
-        return np.zeros(p.n)
-    grads = torch.autograd.grad(tot, list(Z.values()), allow_unused=True)
-    by_name = {k: (np.zeros_like(zs[k][b]) if g is None else g[b].detach().numpy())
-               for k, g in zip(Z, grads)}
-    return np.concatenate([by_name[blk.of].reshape(-1) for blk in p.blocks])
-
-
 def check(target: Any, x: Any, *, gradients: bool = False,
           tol: Tolerances | float | Mapping[str, float] | None = None, starts: int = 5,
           seed: int = 0, reference: str = "auto",
@@ -580,7 +609,7 @@ def check(target: Any, x: Any, *, gradients: bool = False,
     ``EquilibriumModule``, with its current weights) at inputs ``x`` against its claim.
 
     ``tol``: a ``Tolerances`` (or a float: the relative-error tolerance); ``starts``: number of
-    starts of the local reference; ``reference``: "auto" (MATH §9) | "cvxpy" | "numeric" |
+    starts of the local reference; ``reference``: "auto" (docs/theory.md §9) | "cvxpy" | "numeric" |
     "local"; ``solver_options``: CVXPY options (default Clarabel, gap/feasibility 1e-11; SCS only
     with eps ≤ 1e-9); ``gradients``: also compare ``dℓ/dx`` with cvxpylayers and finite
     differences (DCP-exportable objectives).  Torch runs single-threaded during the call."""
@@ -606,7 +635,7 @@ def _check(target: Any, x: Any, *, gradients: bool = False,
     env = environment(derived, module)
     inputs = prepare_inputs(derived, x)
     run = _Run(derived, module, inputs, env, tols, opts, starts, seed, reference)
-    src = derived.source
+    src = claim_objective(derived)
     claim = derived.claim
     sam = getattr(module, "sam", None) if module is not None else None
 
@@ -618,7 +647,7 @@ def _check(target: Any, x: Any, *, gradients: bool = False,
     f = operator(derived, inputs, env)
     with torch.no_grad():
         tz = f(z)
-    res = (z - tz).norm(dim=-1) / z.norm(dim=-1).clamp_min(1.0)
+    res = relative_residual(z, tz)  # overflow-safe: a huge state never reads as converged
     for b in range(run.bsz):
         run.samples[b].residual = float(res[b])
     run.states_t = derived.split(z)
@@ -644,40 +673,10 @@ def _check(target: Any, x: Any, *, gradients: bool = False,
                          f"does not hold, so the equilibrium is checked as a stationary point "
                          f"only (local reference)")
 
-    # 3. reference ---------------------------------------------------------------------------
-    if worst > res_tol and not eq.converged:
-        run.notes.append("no reference computed: without an equilibrium there is nothing to "
-                         "compare (the layer may have no fixed point here)")
-        run.ref = ReferenceInfo("none", "not computed (equilibrium not found)", ok=False)
-        run.label = "equilibrium not found"
-        for s in run.samples:
-            s.label = "equilibrium not found" if s.residual > res_tol else "not compared"
-    elif isinstance(src, DeepComposition):
-        if not_certified:
-            run.notes.append("deep model with violated layer conditions: Corollary 1 / Theorem 2 "
-                             "residuals are reported but certify nothing")
-        run.run_deep(src)
-    elif sam is not None:
-        run.run_sam(src)
-    elif isinstance(src, Objective):
-        convex_claim = claim.kind in ("minimizer", "modified minimizer")
-        use_local = reference == "local" or not convex_claim or not_certified
-        if reference == "numeric" and not (convex_claim and cert.certified):
-            run.notes.append("numeric (convex) reference refused: the objective is not "
-                             "certified convex here; using the local reference")
-        if use_local:
-            run.run_local(src)
-        else:
-            numeric_label = f"{claim.kind} (convex, numeric reference)"
-            done = reference in ("auto", "cvxpy") and run.run_cvxpy(src, claim.kind)
-            if not done:
-                run.run_numeric(src, numeric_label)
-            if claim.kind == "modified minimizer":
-                run.notes.append(f"modified minimizer: the reference minimizes the objective "
-                                 f"the prox-variant edit really has, {claim.objective_text}")
-    else:
-        run.rule("reference", False, f"reference unavailable: cannot verify a "
-                 f"{type(src).__name__} source")
+    # 3. reference (docs/theory.md §9: verify.selection) -----------------------------------
+    situation = Situation(src, claim.kind, cert.certified, sam is not None,
+                          not (worst > res_tol and not eq.converged), reference)
+    REFERENCE_KINDS[select_reference(situation)].run(run, src, situation)
 
     # 4. gradients ---------------------------------------------------------------------------
     grad_report = None

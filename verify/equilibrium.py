@@ -94,6 +94,26 @@ def prepare_inputs(derived: DerivedLayer, x: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def scaled_norm(v: torch.Tensor) -> torch.Tensor:
+    """``||v||₂`` per row as ``m·||v/m||₂``, ``m = max|v_i|``: finite for every finite ``v``
+    (``Σv²`` overflows float64 once ``|v| ≳ 1e154``, and ``d/inf = 0`` would read as a zero
+    residual); NaN and ±inf entries propagate."""
+    v = v.reshape(v.shape[0], -1)
+    m = v.abs().amax(dim=-1, keepdim=True)
+    safe = torch.where((m > 0) & torch.isfinite(m), m, torch.ones_like(m))
+    out = safe.squeeze(-1) * torch.linalg.vector_norm(v / safe, dim=-1)
+    return torch.where(torch.isfinite(m.squeeze(-1)) | torch.isnan(m.squeeze(-1)), out,
+                       m.squeeze(-1))
+
+
+def relative_residual(z: torch.Tensor, tz: torch.Tensor) -> torch.Tensor:
+    """``||z − T(z)|| / max(1, ||z||)`` per sample with overflow-safe norms (``scaled_norm``):
+    NaN (never "converged") if either side is not finite."""
+    bad = ~(torch.isfinite(z).all(dim=-1) & torch.isfinite(tz).all(dim=-1))
+    r = scaled_norm(z - tz) / scaled_norm(z).clamp_min(1.0)
+    return torch.where(bad, torch.full_like(r, math.nan), r)
+
+
 def operator(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
              env: Mapping[str, torch.Tensor]) -> Any:
     """``z ↦ T(z, x)`` on the flat stacked state ``(B, N)``."""
@@ -139,6 +159,7 @@ def _diverged(name: str, err: NonFiniteError, bsz: int, tol: float) -> Equilibri
 
 def info_from_stats(name: str, st: SolverStats, hist: torch.Tensor, tol: float
                     ) -> EquilibriumInfo:
+    """Summarize a solve (iterations per sample, worst ``||z − T(z)||/||z||``, converged)."""
     return EquilibriumInfo(name, tol, [int(i) for i in st.iterations.tolist()],
                            float(st.max_residual), bool(st.converged.all()),
                            hist.detach().cpu().numpy())

@@ -30,7 +30,7 @@ Builder = Callable[[int], tuple[DerivedLayer, torch.Tensor]]
 
 @dataclass
 class Family:
-    """A named instance generator with the reference MATH §9 prescribes for it."""
+    """A named instance generator with the reference docs/theory.md §9 prescribes for it."""
 
     name: str
     reference: str
@@ -70,6 +70,8 @@ def _norm(seed: int) -> float:
 
 
 def opteq_family(act: str, form: str) -> Builder:
+    """OptEq (``form`` conjugate: docs/theory.md §2; canonical: §3 row 1) with activation ``act``, n
+    = 8."""
     def build(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
         phi = models.opteq(n=8, m=8, d=4, activation=act, form=form, weight_norm=_norm(seed),
                            seed=seed)
@@ -79,6 +81,8 @@ def opteq_family(act: str, form: str) -> Builder:
 
 
 def regularizer_family(kind: str) -> Builder:
+    """ReLU OptEq + ``γ·½||z||²`` (prox or gradient) or ``γ||z||₁`` (prox): docs/theory.md §4 rows
+    3–4."""
     def build(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
         phi = models.opteq(n=8, m=8, d=4, activation="relu", form="conjugate",
                            weight_norm=_norm(seed), seed=seed)
@@ -94,6 +98,8 @@ def regularizer_family(kind: str) -> Builder:
 
 
 def moreau_family(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
+    """ReLU OptEq edited to ``α M_φ^{1−α}``, ``α ∈ [0.2, 0.9]`` (skip connection, docs/theory.md §4
+    row 1)."""
     phi = models.opteq(n=8, m=8, d=4, activation="relu", form="conjugate",
                        weight_norm=_norm(seed), seed=seed)
     a = float(_rng(seed).uniform(0.2, 0.9))
@@ -101,12 +107,14 @@ def moreau_family(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
 
 
 def deep2_family(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
+    """Deep OptEq with ``L = 2`` (Corollary 1, a convex problem: docs/theory.md §5)."""
     a = float(_rng(seed).uniform(0.2, 0.8))
     comp = models.deep_opteq(L=2, n=8, m=8, d=4, alpha=a, weight_norm=_norm(seed), seed=seed)
     return lower(comp), _x(seed)
 
 
 def geq_family(patch: bool) -> Builder:
+    """GEQ, whole or patch-split Gaussian kernel (non-convex: docs/theory.md §3 rows 2–3)."""
     def build(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
         gam = float(_rng(seed).uniform(0.2, 1.0))
         if patch:
@@ -120,6 +128,7 @@ def geq_family(patch: bool) -> Builder:
 
 
 def mopteq_family(seed: int) -> tuple[DerivedLayer, torch.Tensor]:
+    """MOptEq with H and D fusion on two branches (non-convex: docs/theory.md §3 row 4)."""
     g = models.mopteq(shapes=((2, 4, 4), (2, 2, 2)), d=4, lam=0.1, weight_norm=0.5, seed=seed)
     return lower(g), _x(seed)
 

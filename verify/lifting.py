@@ -1,11 +1,11 @@
-"""Numeric lifting of an objective for the scipy references (MATH §9.2 and §9.3).
+"""Numeric lifting of an objective for the scipy references (docs/theory.md §9.2 and §9.3).
 
 ``lift(obj, inputs, env)`` rewrites ``G`` as a function ``F(v)`` of free variable blocks with box
 bounds, mirroring the CVXPY export without the DCP restriction:
 
 * a state ``z`` with a conjugate term ``ψ*(z)``, ``ψ = s Σσ̃(Mz + q)``, becomes a dual block
   ``y`` (bounds: the domain of ``σ̃*``) with ``z = s Mᵀ y`` and ``ψ*(z) → s(Σσ̃*(y) - <q, y>)``
-  (MATH §2, the y-form; convex exactly when the z-form is);
+  (docs/theory.md §2, the y-form; convex exactly when the z-form is);
 * a Moreau envelope ``c·M^μ_f(v)`` whose inner ``f`` has no closed-form prox becomes an
   auxiliary block ``u`` with ``c[f(u) + ||u - v||²/(2μ)]`` (inf-convolution, jointly convex when
   ``f`` is: the inner envelope is computed by minimizing over ``u`` together with the rest);
@@ -104,10 +104,12 @@ class LiftedProblem:
 
     @property
     def lower(self) -> np.ndarray:
+        """Lower bounds of the lifted variables (``-inf`` where unbounded)."""
         return np.concatenate([b.lo for b in self.blocks]) if self.blocks else np.zeros(0)
 
     @property
     def upper(self) -> np.ndarray:
+        """Upper bounds of the lifted variables (``+inf`` where unbounded)."""
         return np.concatenate([b.hi for b in self.blocks]) if self.blocks else np.zeros(0)
 
     def clip(self, v: np.ndarray) -> np.ndarray:
@@ -164,6 +166,7 @@ class LiftedProblem:
         return float(f), g
 
     def grad(self, v: np.ndarray) -> np.ndarray:
+        """``∇F(v)`` of the lifted objective (exact, by autograd)."""
         return self.fun_grad(v)[1]
 
     def smooth_grad(self, v: np.ndarray, raw: bool = False) -> np.ndarray:
@@ -249,12 +252,81 @@ class LiftedProblem:
         return v
 
     def bounds(self) -> list[tuple[float | None, float | None]]:
+        """The box ``lo ≤ v ≤ hi`` in scipy's format (``None`` for an infinite bound)."""
         return [(None if not np.isfinite(a) else float(a), None if not np.isfinite(b) else float(b))
                 for a, b in zip(self.lower, self.upper)]
 
     def has_bounds(self) -> bool:
+        """``True`` iff some lifted variable has a finite bound."""
         return bool(np.isfinite(self.lower).any() or np.isfinite(self.upper).any())
 
+
+class BatchLifted(LiftedProblem):
+    """The lifted problem of a batch-coupled objective over the whole batch: ``F(V) = Σ_b F_b``
+    plus the coupled terms (HSIC, decorrelation) seen with all ``B`` rows at once; the free
+    vector is the ``B`` per-sample lifted vectors stacked (``n = B·n_1``).  Lifting one sample
+    would evaluate a coupled term on a batch of 1: a different function (or none, for HSIC)."""
+
+    def __init__(self, per_sample: LiftedProblem, batch: int):
+        super().__init__(blocks=per_sample.blocks, contributions=per_sample.contributions,
+                         state_fns=per_sample.state_fns, duals=per_sample.duals,
+                         top_states=per_sample.top_states, n=per_sample.n * batch,
+                         coupled=False, prox_terms=per_sample.prox_terms,
+                         nonsmooth=per_sample.nonsmooth, env=per_sample.env)
+        self.one, self.batch = per_sample, batch
+
+    @property
+    def lower(self) -> np.ndarray:
+        """Lower bounds of the stacked batch variables."""
+        return np.tile(self.one.lower, self.batch)
+
+    @property
+    def upper(self) -> np.ndarray:
+        """Upper bounds of the stacked batch variables."""
+        return np.tile(self.one.upper, self.batch)
+
+    def split(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One stacked vector ``(B·n_1,)`` → block name → ``(B, size)``."""
+        return self.one.split(v.reshape(self.batch, self.one.n))
+
+    def values_t(self, v: torch.Tensor) -> torch.Tensor:
+        """``F`` of the whole batch (one value: the batch objective couples the samples)."""
+        return super().values_t(v.reshape(1, self.n)).sum().reshape(1)
+
+    def grads(self, vs: np.ndarray) -> np.ndarray:
+        """``∇F`` at each stacked batch point of ``vs`` (one gradient per row)."""
+        return np.stack([self.grad(v) for v in vs])
+
+    def prox_step(self, w: np.ndarray, t: float = 1.0) -> np.ndarray:
+        """``prox_{t·g}`` applied sample by sample (``g`` is separable across samples)."""
+        rows = np.asarray(w, dtype=np.float64).reshape(self.batch, self.one.n)
+        return np.concatenate([self.one.prox_step(r, t) for r in rows])
+
+    def rows(self, v: np.ndarray) -> np.ndarray:
+        """The stacked variable ``(B·N,)`` as one row per sample, ``(B, N)``."""
+        return np.asarray(v, dtype=np.float64).reshape(self.batch, self.one.n)
+
+    def states(self, v: np.ndarray) -> dict[str, np.ndarray]:
+        """Top-level states, ``(B, size)`` each."""
+        with torch.no_grad():
+            parts = self.split(torch.as_tensor(v, dtype=T64))
+            return {s: self.state_fns[s](parts).numpy().copy() for s in self.top_states}
+
+    def lift_point(self, z: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """``z``: name → ``(B, size)``."""
+        vs = [self.one.lift_point({k: np.asarray(a)[b] for k, a in z.items()})
+              for b in range(self.batch)]
+        return None if any(v is None for v in vs) else np.concatenate(vs)
+
+    def start_point(self) -> np.ndarray:
+        """The single-sample start point repeated for every sample."""
+        return np.tile(self.one.start_point(), self.batch)
+
+
+def lift_batch(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> BatchLifted:
+    """Lift a batch-coupled ``obj`` over the whole batch of ``inputs`` (name → ``(B, size)``)."""
+    batch = next(iter(inputs.values())).shape[0] if inputs else 1
+    return BatchLifted(lift(obj, inputs, env), batch)
 
 # ---------------------------------------------------------------------- building
 def _domain_bounds(act: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -279,7 +351,8 @@ def _conjugate_domain_bounds(t: Any, size: int) -> tuple[np.ndarray, np.ndarray]
 def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool:
     """True if the envelope's inner objective has a closed-form prox (then its value is used)."""
     try:
-        vals = {s.name: torch.zeros(1, s.size, dtype=T64) for s in t.inner.states}
+        rows = next(iter(inputs.values())).shape[0] if inputs else 1
+        vals = {s.name: torch.zeros(rows, s.size, dtype=T64) for s in t.inner.states}
         vals.update(inputs)
         out = t.value(vals, env)
         return bool(torch.isfinite(out).all())
@@ -587,5 +660,6 @@ def partial_value(p: LiftedProblem, z: Mapping[str, np.ndarray]) -> float | None
 
 
 def check_finite(name: str, a: np.ndarray) -> None:
+    """Refuse NaN/Inf in ``a`` with a typed error naming ``name``."""
     if not np.all(np.isfinite(a)):
         raise ShapeError(f"{name} contains NaN/Inf", term="verify")

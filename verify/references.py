@@ -1,4 +1,4 @@
-"""Reference solutions for ``verify.check`` (MATH §9), one function per reference.
+"""Reference solutions for ``verify.check`` (docs/theory.md §9), one function per reference.
 
 * ``cvxpy_reference``: CVXPY on the exported objective, Clarabel at tight tolerances (SCS only
   with eps ≤ 1e-9); the status is checked, never compared when not ``optimal``.
@@ -7,13 +7,15 @@
   exact gradients; stationarity of a convex objective proves global optimality.
 * ``local_reference``: non-convex objectives: multi-start local minimization, stationarity
   residual and a second-order check; the label is "stationary point" or "local minimizer".
-* ``sam_reference``: ``argmin_{Fix T} R`` as ``min R s.t. φ(z) ≤ φ* + δ`` (MATH §6).
+* ``sam_reference``: ``argmin_{Fix T} R`` as the limit of ``argmin φ + εR``, ε → 0
+  (docs/theory.md §6).
 * ``inclusion_residuals``: Theorem 2 (deep, L ≥ 3) block residuals in prox and gradient form.
 * ``wide_solution``: Theorem 3's limit ``L y = Σ W_iᵀσ(W_i y + U_i x + b_i)``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Mapping
@@ -31,7 +33,16 @@ from convex_eq.objective import Objective
 from convex_eq.terms.conjugate import SeparableAffineConjugate
 from lowering.solvers import solve
 
-from .lifting import LiftedProblem, MinResult, lift, minimize, partial_value, second_order
+from .lifting import (
+    LiftedProblem,
+    MinResult,
+    lift,
+    lift_batch,
+    minimize,
+    partial_value,
+    second_order,
+)
+from .unwind import unwind
 
 T64 = torch.float64
 
@@ -61,7 +72,7 @@ def reference_solver_options(options: Mapping[str, Any] | None) -> dict[str, Any
                 f"SCS is a reference only with eps_abs, eps_rel ≤ {SCS_MAX_EPS:g} (got "
                 f"eps_abs={eps[0]}, eps_rel={eps[1]})", term="verify.check",
                 hint="its default accuracy (~1e-4) is off by up to 1e-3 on these problems "
-                "(MATH §9.1); use Clarabel (default) or pass eps=1e-10")
+                "(docs/theory.md §9.1); use Clarabel (default) or pass eps=1e-10")
         o.setdefault("max_iters", 200000)
         return o
     return o
@@ -182,11 +193,34 @@ def objective_value(obj: Objective, z: Mapping[str, np.ndarray], inputs: Mapping
             return val
     except (ConvexEqError, NotImplementedError, RuntimeError):
         pass
+    val = _domain_value(obj, z, inputs, env)
+    if val is not None:
+        return val
     if exported is not None:
         return value_at_states_cvxpy(exported, z, opts or CLARABEL_TIGHT)
     if lifted is not None:
         return partial_value(lifted, z)
     return None
+
+
+def _domain_value(obj: Objective, z: Mapping[str, np.ndarray], inputs: Mapping[str, Any],
+                  env: Mapping[str, Any]) -> float | None:
+    """``G(z)`` on the lifted problem of the innermost objective at ``u = A(z)``, with round-off
+    outside a closed domain bound (≤ 1e-10 relative, e.g. one ulp after ``A⁻¹∘T∘A``) clipped
+    back — a direct evaluation reads +∞ there; None where that does not apply."""
+    try:
+        uw = unwind(obj, env, envelopes=False)
+        ins = {k: torch.as_tensor(np.asarray(v, dtype=np.float64).reshape(1, -1))
+               for k, v in inputs.items()}
+        p = lift(uw.inner, ins, env)
+        v = p.lift_point(uw.forward({k: np.asarray(a, dtype=np.float64).reshape(-1)
+                                     for k, a in z.items()}))
+        if v is None or p.coupled or any(b.origin == "aux" for b in p.blocks):
+            return None
+        val = p.value(v)
+    except (ConvexEqError, NotImplementedError, RuntimeError, KeyError, np.linalg.LinAlgError):
+        return None
+    return val if math.isfinite(val) else None
 
 
 # ---------------------------------------------------------------------- local (non-convex)
@@ -214,13 +248,21 @@ def local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Map
     the independent stationarity residual at the layer's state (projected gradient of the
     lifted objective, autograd) and the second-order check there."""
     with np.errstate(all="ignore"):
-        return _local_reference(obj, inputs, env, z_layer, starts, rng)
+        return _local_reference(lift(obj, inputs, env), z_layer, starts, rng)
 
 
-def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
-                     env: Mapping[str, Any], z_layer: Mapping[str, np.ndarray], starts: int,
+def batch_local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
+                          env: Mapping[str, Any], z_layer: Mapping[str, np.ndarray],
+                          starts: int, rng: np.random.Generator) -> LocalOutcome:
+    """``local_reference`` for a batch-coupled objective: one problem over the whole batch
+    (``lift_batch``; inputs and ``z_layer`` are ``(B, size)``); states come back ``(B, size)``
+    and values are those of the batch objective."""
+    with np.errstate(all="ignore"):
+        return _local_reference(lift_batch(obj, inputs, env), z_layer, starts, rng)
+
+
+def _local_reference(p: LiftedProblem, z_layer: Mapping[str, np.ndarray], starts: int,
                      rng: np.random.Generator) -> LocalOutcome:
-    p = lift(obj, inputs, env)
     v_star = p.lift_point(z_layer)
     inits: list[np.ndarray] = []
     scale = max(1.0, float(np.sqrt(sum(float(np.sum(np.square(v))) for v in z_layer.values()) /
@@ -237,7 +279,7 @@ def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
     at_layer = 0
     for r in sols:
         zs = p.states(r.v)
-        zz = np.concatenate([zs[s] for s in p.top_states])
+        zz = np.concatenate([np.asarray(zs[s]).reshape(-1) for s in p.top_states])
         d = float(np.linalg.norm(zz - zl)) / max(float(np.linalg.norm(zl)), 1e-3)
         at_layer += int(d <= 1e-5)
         if d < best_d:
@@ -253,18 +295,41 @@ def _local_reference(obj: Objective, inputs: Mapping[str, torch.Tensor],
                         min(finite) if finite else math.inf, stat, so_info, v_star, at_layer, p)
 
 
-# ---------------------------------------------------------------------- SAM (MATH §6)
+# ---------------------------------------------------------------------- SAM (docs/theory.md §6)
+@dataclass
+class SamOutcome(CvxpyOutcome):
+    """The SAM reference at one sample: the Tikhonov point ``z(ε_K)`` kept and its estimated
+    error ``||z(ε_K) − z(ε_{K−1})||`` (absolute; NaN unless two weights solved)."""
+
+    eps: float = math.nan
+    error: float = math.nan
+    levels: list[tuple[float, str]] = field(default_factory=list)
+
+
+#: Tikhonov weights ``ε`` of ``φ + ε R``, largest first (ratio 10)
+SAM_LEVELS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+
+
 def sam_reference(phi: Objective, R: Objective, inputs: Mapping[str, np.ndarray],
-                  env: Mapping[str, Any], opts: Mapping[str, Any], delta_rel: float = 1e-8
-                  ) -> tuple[CvxpyOutcome, float]:
-    """``argmin_{z ∈ Fix T} R(z)`` with ``Fix T = argmin φ``: solve ``φ* = min φ``, then
-    ``min R(z) s.t. φ(z) ≤ φ* + δ`` (``δ = delta_rel·max(1, |φ*|)``); returns ``(outcome, δ)``."""
+                  env: Mapping[str, Any], opts: Mapping[str, Any],
+                  levels: tuple[float, ...] = SAM_LEVELS) -> SamOutcome:
+    """``argmin_{z ∈ Fix T} R(z)``, ``Fix T = argmin φ``, as the limit of the Tikhonov path
+    ``z(ε) = argmin φ + ε R`` (ε → 0; φ convex, R strongly convex).
+
+    Each ``φ + ε R`` is an ordinary, strongly convex CVXPY problem — well posed, unlike the
+    value-function form ``min R s.t. φ ≤ min φ + δ`` whose constraint is degenerate (Clarabel
+    ended it ``optimal_inaccurate`` or with a solver error depending on δ, tolerance and
+    CPU).  ``z(ε) → z*`` like ``ε^p`` (``p = 1`` when φ grows quadratically off its argmin,
+    e.g. any convex quadratic), so with ratio 10 between weights the error of ``z(ε_k)`` is
+    at most ``||z(ε_k) − z(ε_{k−1})||`` for any ``p ≥ log 2 / log 10``.  The weight kept is the
+    one with the smallest such difference (at tiny ε the solver's ``tol/ε`` error takes over):
+    that difference is the stated accuracy.  Fewer than two solved weights: a failure."""
     first = cvxpy_reference(phi, inputs, env, opts)
     if not first.ok:
-        return first, math.nan
+        return SamOutcome(first.status, first.solver, False, message=first.message,
+                          options=dict(opts))
     e_phi = first.exported
     assert e_phi is not None
-    delta = delta_rel * max(1.0, abs(first.value))
     r_inputs = {s.name: inputs[s.name] for s in R.inputs}
     r_env = {s.name: env[s.name] for s in R.symbols if s.name in env}
     e_r = R.to_cvxpy(**r_inputs, **r_env)
@@ -274,33 +339,33 @@ def sam_reference(phi: Objective, R: Objective, inputs: Mapping[str, np.ndarray]
             raise ShapeError(f"SAM objective R uses state '{k}' that the layer does not have",
                              term="sam_reference")
         cons.append(m @ e_r.variable == e_phi.state_maps[k] @ e_phi.variable)
-    phi_expr = e_phi.problem.objective.args[0]
-    cons.append(phi_expr + e_phi.constant <= first.value + delta)
-    prob = cp.Problem(cp.Minimize(e_r.problem.objective.args[0]), cons)
-    ladder = [dict(opts)]
-    if str(opts.get("solver")).upper() == "CLARABEL":
-        # the sublevel-set constraint is nearly degenerate (its interior is a thin slab), so
-        # Clarabel may stop at "optimal_inaccurate" at 1e-11; the reference's own error is
-        # O(√δ) ≫ 1e-7, so the tolerance is relaxed step by step and the one used is reported
-        ladder = [{**opts, "tol_gap_abs": t, "tol_gap_rel": t, "tol_feas": t}
-                  for t in (1e-9, 1e-8, 1e-7)]
+    phi_expr, r_expr = e_phi.problem.objective.args[0], e_r.problem.objective.args[0]
+    path: list[tuple[float, dict[str, np.ndarray], float]] = []
+    tried: list[tuple[float, str]] = []
     status, solver, msg = "not solved", str(opts.get("solver")), ""
-    used: dict[str, Any] = {}
-    for stage2 in ladder:
-        status, solver, msg = solve_exported(e_phi, stage2, prob)
-        used = stage2
-        if status == cp.OPTIMAL:
-            break
-    out = CvxpyOutcome(status, solver, status == cp.OPTIMAL, exported=e_phi, message=msg)
-    out.options = used
-    if out.ok:
+    for eps in levels:
+        prob = cp.Problem(cp.Minimize(phi_expr + eps * r_expr), cons)
+        status, solver, msg = solve_exported(e_phi, opts, prob)
+        tried.append((eps, status))
+        if status != cp.OPTIMAL:
+            continue
         f = np.asarray(e_phi.variable.value, dtype=np.float64)
-        out.states = {k: m @ f for k, m in e_phi.state_maps.items()}
-        out.value = float(prob.value) + e_r.constant
-    return out, delta
+        r_val = float(r_expr.value) + e_r.constant
+        path.append((eps, {k: m @ f for k, m in e_phi.state_maps.items()}, r_val))
+    diffs = []
+    for (e0, z0, _), (e1, z1, _) in itertools.pairwise(path):
+        if abs(e0 / e1 - 10.0) <= 1e-9 * 10.0:  # consecutive weights only
+            diffs.append((math.sqrt(sum(float(np.sum((z1[k] - z0[k]) ** 2)) for k in z1)), e1))
+    if not diffs:
+        return SamOutcome(status if not path else "path too short", solver, False,
+                          exported=e_phi, message=msg, levels=tried, options=dict(opts))
+    err, eps = min(diffs)
+    _, states, value = next(p for p in path if p[0] == eps)
+    return SamOutcome(cp.OPTIMAL, solver, True, states=states, value=value, exported=e_phi,
+                      message=msg, options=dict(opts), eps=eps, error=err, levels=tried)
 
 
-# ---------------------------------------------------------------------- deep models (MATH §5)
+# ---------------------------------------------------------- deep models (docs/theory.md §5)
 @dataclass
 class ProxPieces:
     """``prox_φ(v) = s Mᵀσ(Mv + q)`` for ``φ = ψ* - ½||·||²``, ``ψ = s Σσ̃(Mv + q)``."""
@@ -310,6 +375,7 @@ class ProxPieces:
     s: float
 
     def q(self, inputs: Mapping[str, torch.Tensor], env: Any, b: int) -> torch.Tensor:
+        """The injection ``q = Ux + b`` of the term for ``b`` samples (zero if it has none)."""
         if self.term.q is None:
             return torch.zeros(b, self.M.shape[0], dtype=T64)
         return self.term.q.evaluate(dict(inputs), env).to(T64).expand(b, -1)
@@ -361,7 +427,8 @@ def prox_pieces(phi: Objective, env: Any) -> ProxPieces:
 
 def envelope_gradient(pieces: ProxPieces, z: torch.Tensor, q: torch.Tensor, alpha: float
                       ) -> torch.Tensor:
-    """``∇(α M^μ_φ)(z)``, ``μ = 1 - α``, by MATH §9.2: ``M^μ_φ(z) = ||z||²/(2μ) - M^κ_ψ(z/μ)``,
+    """``∇(α M^μ_φ)(z)``, ``μ = 1 - α``, by docs/theory.md §9.2:
+    ``M^μ_φ(z) = ||z||²/(2μ) - M^κ_ψ(z/μ)``,
     ``κ = 1/μ - 1``, so ``∇M^μ_φ(z) = z/μ - (z/μ - prox_{κψ}(z/μ))/(μκ)``."""
     mu = 1.0 - alpha
     kappa = 1.0 / mu - 1.0

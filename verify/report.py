@@ -4,11 +4,23 @@ pass/fail; prints as an aligned plain-text table, writes Markdown with PNG plots
 from __future__ import annotations
 
 import math
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def worst(vals: list[float]) -> float | None:
+    """NaN-aware maximum: NaN if any value is NaN (Python's ``max`` keeps or drops a NaN
+    depending on its position), None for no values."""
+    if not vals:
+        return None
+    if any(math.isnan(v) for v in vals):
+        return math.nan
+    return max(vals)
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class ReferenceInfo:
         return ", ".join(uniq) if uniq else "n/a"
 
     def provenance(self) -> str:
+        """One line: the reference, its solver, status, tolerances and number of starts."""
         tols = ", ".join(f"{k}={_fmt(v)}" for k, v in self.tolerances.items())
         parts = [self.description]
         if self.solver:
@@ -104,6 +117,7 @@ class GradientReport:
 
     @property
     def passed(self) -> bool:
+        """``True`` iff every required gradient error is within ``tolerance``."""
         return all(self.errors.get(k, math.inf) <= self.tolerance for k in self.required)
 
 
@@ -166,38 +180,44 @@ class Report:
 
     # ------------------------------------------------------------------ aggregates
     def _max(self, attr: str) -> float | None:
-        vals = [getattr(s, attr) for s in self.samples if getattr(s, attr) is not None]
-        vals = [abs(v) for v in vals if not (isinstance(v, float) and math.isnan(v))]
-        return max(vals) if vals else None
+        """Largest ``|value|`` over the samples; NaN if any sample's value is NaN (a NaN sample
+        is never dropped from a maximum: the table must show what the failure says)."""
+        return worst([abs(v) for s in self.samples if (v := getattr(s, attr)) is not None])
 
     @property
     def max_rel_error(self) -> float | None:
+        """Worst ``||z − z_ref|| / max(||z_ref||, floor)`` over the samples."""
         return self._max("rel_error")
 
     @property
     def max_gap(self) -> float | None:
+        """Worst ``|G(z) − G(z_ref)| / max(1, |G_ref|)`` over the samples."""
         return self._max("gap")
 
     @property
     def max_residual(self) -> float | None:
+        """Worst optimality residual ``||z − T(z)|| / max(1, ||z||)`` over the samples."""
         return self._max("residual")
 
     @property
     def max_stationarity(self) -> float | None:
+        """Worst independent stationarity residual of the layer's state."""
         return self._max("stationarity")
 
     @property
     def max_reference_stationarity(self) -> float | None:
+        """Worst stationarity residual of the reference's state."""
         return self._max("reference_stationarity")
 
     @property
     def min_lambda(self) -> float | None:
+        """Smallest Hessian eigenvalue seen by the local second-order check."""
         vals = [s.lambda_min for s in self.samples if s.lambda_min is not None]
         return min(vals) if vals else None
 
     def max_block_residual(self, key: str) -> float | None:
-        vals = [s.block_residuals[key] for s in self.samples if key in s.block_residuals]
-        return max(vals) if vals else None
+        """Worst per-block residual ``key`` over the samples (deep models, docs/theory.md §5)."""
+        return worst([s.block_residuals[key] for s in self.samples if key in s.block_residuals])
 
     # ------------------------------------------------------------------ table
     def rows(self) -> list[tuple[str, str, str, str]]:
@@ -266,20 +286,11 @@ class Report:
         return r
 
     def __str__(self) -> str:
-        rows = [("quantity", "value", "tolerance", "verdict"), *self.rows()]
-        width = [min(max(len(row[i]) for row in rows), cap) for i, cap in
-                 enumerate((52, 90, 24, 7))]
-        lines = []
-        for k, row in enumerate(rows):
-            cells = []
-            for i, cell in enumerate(row):
-                cell = cell if len(cell) <= width[i] or i == 1 else cell[:width[i] - 1] + "…"
-                cells.append(cell.ljust(width[i]))
-            lines.append("  ".join(cells).rstrip())
-            if k == 0:
-                lines.append("  ".join("-" * w for w in width))
-        extra = [f"note: {n}" for n in self.notes] + [f"failure: {f}" for f in self.failures]
-        return "\n".join(lines + extra)
+        """The table in at most ``TABLE_WIDTH`` columns: long cells wrap onto more lines."""
+        return console_table([("quantity", "value", "tolerance", "verdict"), *self.rows()],
+                             caps=(32, None, 14, 7), notes=[
+                                 *(f"note: {n}" for n in self.notes),
+                                 *(f"failure: {f}" for f in self.failures)])
 
     def __repr__(self) -> str:
         return f"<Report {self.status}>"
@@ -325,14 +336,26 @@ class Report:
             fig = Figure(figsize=(5.5, 3.6))
             FigureCanvasAgg(fig)
             ax = fig.add_subplot(111)
-            for row in np.atleast_2d(hist):
+            rows = np.atleast_2d(hist)
+            style = {"marker": "o", "ms": 3} if rows.shape[1] <= 15 else {}
+            for i, row in enumerate(rows):
                 vals = np.where(row > 0, row, np.nan)
-                ax.semilogy(np.arange(1, len(row) + 1), vals, lw=1)
-            ax.axhline(self.equilibrium.tol, color="k", ls="--", lw=0.8, label="tol")
-            ax.set_xlabel("iteration")
+                k = np.arange(1, len(row) + 1)
+                # the solver returns its best iterate: plot the running minimum, and the k-th
+                # iterate itself (dotted) where it rose visibly above it
+                best = np.fmin.accumulate(vals)
+                (line,) = ax.semilogy(k, best, lw=1, label="returned iterate" if i == 0 else None,
+                                      **style)
+                if np.any(vals > 1.5 * best):
+                    ax.semilogy(k, vals, lw=0.8, ls=":", color=line.get_color(),
+                                label="k-th iterate itself" if i == 0 else None)
+            ax.axhline(self.equilibrium.tol, color="k", ls="--", lw=0.8,
+                       label=f"tol {self.equilibrium.tol:.0e}")
+            ax.set_xlabel("iteration k")
             ax.set_ylabel("relative residual ||T(z) - z|| / ||T(z)||")
-            ax.set_title(f"equilibrium solve ({self.equilibrium.solver})")
-            ax.legend()
+            ax.set_title(f"equilibrium solve: {self.equilibrium.solver}, {hist.dtype}, "
+                         f"{rows.shape[0]} sample(s)", fontsize=10)
+            ax.legend(fontsize=7)
             fig.tight_layout()
             img = path.with_name(path.stem + "_residuals.png")
             fig.savefig(img, dpi=110)
@@ -370,3 +393,33 @@ def _fmt(v: Any) -> str:
             return "inf" if v > 0 else "-inf"
         return f"{v:.3e}" if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4) else f"{v:.4g}"
     return str(v)
+
+
+#: console tables (``str(report)``, ``convex-eq verify``) fit this many columns
+TABLE_WIDTH = 100
+
+
+def console_table(rows: Sequence[tuple[str, ...]], caps: tuple[int | None, ...],
+                  notes: Sequence[str] = (), width: int = TABLE_WIDTH) -> str:
+    """Rows (the first is the header) as aligned columns of at most ``width`` characters:
+    column ``i`` is at most ``caps[i]`` wide (``None``: what is left), cells wrap at spaces
+    (a word longer than its column is split); notes wrap with a hanging indent."""
+    sep = "  "
+    fixed = [min(max(len(r[i]) for r in rows), c) for i, c in enumerate(caps) if c is not None]
+    free = width - sum(fixed) - len(sep) * (len(caps) - 1)
+    widths, it = [], iter(fixed)
+    for i, c in enumerate(caps):
+        widths.append(next(it) if c is not None else
+                      max(8, min(free, max(len(r[i]) for r in rows))))
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
+                 for cell, w in zip(row, widths)]
+        for j in range(max(len(c) for c in cells)):
+            parts = [(c[j] if j < len(c) else "").ljust(w) for c, w in zip(cells, widths)]
+            lines.append(sep.join(parts).rstrip())
+        if k == 0:
+            lines.append(sep.join("-" * w for w in widths))
+    for n in notes:
+        lines += textwrap.wrap(n, width, subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)

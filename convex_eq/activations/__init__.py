@@ -1,4 +1,6 @@
-"""Scalar activations and their proximal potentials ``f_σ = σ̃* - u²/2`` (MATH.md §1)."""
+"""Scalar activations and their proximal potentials ``f_σ = σ̃* - u²/2`` (docs/theory.md §1)."""
+
+from typing import Any
 
 from .base import Activation
 from .hardtanh import HardTanh
@@ -8,7 +10,6 @@ from .registry import available_activations, get_activation, register_activation
 from .relu import ReLU
 from .sigmoid import Sigmoid
 from .softplus import Softplus
-from .symbolic import SympyActivation, from_sympy
 from .tanh import Tanh
 
 __all__ = [
@@ -26,3 +27,12 @@ __all__ = [
     "get_activation",
     "register_activation",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``SympyActivation`` and ``from_sympy`` import sympy on first use, not with the package."""
+    if name in ("SympyActivation", "from_sympy"):
+        from . import symbolic
+
+        return getattr(symbolic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

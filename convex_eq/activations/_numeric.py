@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import integrate
+
+from .._lazy import scipy_integrate as integrate
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]
 ScalarFn = Callable[[float], float]

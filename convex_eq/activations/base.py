@@ -1,4 +1,4 @@
-"""Scalar activations σ and their proximal potentials ``f_σ = σ̃* - u²/2`` (MATH.md §1).
+"""Scalar activations σ and their proximal potentials ``f_σ = σ̃* - u²/2`` (docs/theory.md §1).
 
 Conventions used by every activation (all functions are elementwise on torch tensors):
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import cvxpy as cp
 import numpy as np
 import torch
 
+from .._lazy import cvxpy as cp
 from ..errors import NotDCPError, ScaleError
 from . import _numeric as nm
 
@@ -34,7 +34,7 @@ Scale = float | torch.Tensor
 
 CERTIFIED_HINT = (
     "export σ̃* and collect the -u²/2 into the quadratic form, or use the certified-convex "
-    "numeric reference (MATH.md §9.2)"
+    "numeric reference (docs/theory.md §9.2)"
 )
 
 
@@ -63,20 +63,18 @@ def zeros_with_grad(u: torch.Tensor) -> torch.Tensor:
 class Activation:
     """A nondecreasing, 1-Lipschitz scalar ``σ`` with convex potential ``f_σ = σ̃* - u²/2``.
 
-    Attributes
-    ----------
-    name : registry name.
-    lipschitz : ``L_σ = sup σ'`` (``≤ 1``).
-    domain : closure of ``range(σ)`` = ``cl dom f_σ`` (``±inf`` allowed).
-    conjugate_domain : closure of ``dom f_σ*`` = closure of the range of ``s - σ(s)``.
-    smooth_potential : ``True`` iff ``σ`` is strictly increasing, i.e. ``f_σ`` has no indicator
+    :ivar name: registry name.
+    :ivar lipschitz: ``L_σ = sup σ'`` (``≤ 1``).
+    :ivar domain: closure of ``range(σ)`` = ``cl dom f_σ`` (``±inf`` allowed).
+    :ivar conjugate_domain: closure of ``dom f_σ*`` = closure of the range of ``s - σ(s)``.
+    :ivar smooth_potential: ``True`` iff ``σ`` is strictly increasing, i.e. ``f_σ`` has no indicator
         part: ``σ⁻¹`` is single-valued and ``f_σ`` is differentiable on the interior of
         ``domain`` with ``∇f_σ = σ⁻¹ - id``, and ``prox_{t f_σ}`` (``t ≠ 1``) needs a nonlinear
         scalar solve.  It does NOT mean ``f_σ`` is finite on ℝ (tanh, sigmoid, softplus are
         ``+inf`` outside ``domain``; check ``domain``).  ``False`` for ReLU and hard-tanh, whose
         potentials are (shifted) indicators and whose ``prox_{t f_σ}`` is a projection.
-    latex_sigma : LaTeX of ``σ(t)``.
-    text_sigma : plain-text formula of ``σ(t)`` (for ``str``).
+    :ivar latex_sigma: LaTeX of ``σ(t)``.
+    :ivar text_sigma: plain-text formula of ``σ(t)`` (for ``str``).
     """
 
     name: str = "activation"
@@ -227,7 +225,7 @@ class Activation:
             f"σ̃* for activation '{self.name}' has no closed DCP form (it is evaluated "
             "numerically), so f_σ = σ̃* - u²/2 cannot be exported to CVXPY either",
             term=self.name,
-            hint="use the certified-convex numeric reference (MATH.md §9.2)",
+            hint="use the certified-convex numeric reference (docs/theory.md §9.2)",
         )
 
     @property
@@ -253,7 +251,7 @@ class Activation:
             f"f_σ = σ̃* - u²/2 for activation '{self.name}' is convex but not DCP (a difference "
             "of convex terms), and σ̃* has no closed DCP form either",
             term=self.name,
-            hint="use the certified-convex numeric reference (MATH.md §9.2)",
+            hint="use the certified-convex numeric reference (docs/theory.md §9.2)",
         )
 
     # ------------------------------------------------------------------------------ display

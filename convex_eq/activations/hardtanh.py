@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-import cvxpy as cp
 import torch
 
+from .._lazy import cvxpy as cp
 from ..errors import ScaleError
 from . import _numeric as nm
 from .base import INF, Activation, Scale, TensorLike, cvxpy_size, fmt_number, zeros_with_grad

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import cvxpy as cp
 import torch
 
+from .._lazy import cvxpy as cp
 from . import _numeric as nm
 from .base import INF, Activation, Scale, TensorLike, zeros_with_grad
 

@@ -1,6 +1,6 @@
 """Logistic sigmoid: ``f_σ(u) = u log u + (1-u) log(1-u) + log 2 - u²/2`` on ``[0, 1]``.
 
-The ``+ log 2`` comes from ``σ̃(0) = 0``: ``σ̃(a) = log(1 + e^a) - log 2`` (MATH.md's table
+The ``+ log 2`` comes from ``σ̃(0) = 0``: ``σ̃(a) = log(1 + e^a) - log 2`` (the source papers' table
 drops this constant; it does not change the prox or any minimizer).
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-import cvxpy as cp
 import torch
 
+from .._lazy import cvxpy as cp
 from . import _numeric as nm
 from .base import INF, Activation, TensorLike, cvxpy_size
 

@@ -1,4 +1,4 @@
-"""User-supplied activations from sympy expressions (MATH.md §1).
+"""User-supplied activations from sympy expressions (docs/theory.md §1).
 
 ``from_sympy(expr, var)`` checks that ``σ`` is nondecreasing (``σ' ≥ 0``) and 1-Lipschitz
 (``σ' ≤ 1``) -- symbolically with ``sympy.calculus.util.minimum/maximum`` of ``σ'`` over ℝ when

@@ -8,10 +8,11 @@ from .adjoint import Adjoint
 from .base import LinOp
 from .blockdiag import BlockDiag
 from .compose import Compose
-from .conv import Conv2d
+from .conv import Conv1d, Conv2d
 from .convert import as_operator
 from .dense import Dense
 from .identity import Identity
+from .inverse import Inverse
 from .permutation import CyclicPermutation
 from .pooling import AvgDownsample, Upsample, downsample_or_identity
 
@@ -20,10 +21,12 @@ __all__ = [
     "AvgDownsample",
     "BlockDiag",
     "Compose",
+    "Conv1d",
     "Conv2d",
     "CyclicPermutation",
     "Dense",
     "Identity",
+    "Inverse",
     "LinOp",
     "Upsample",
     "as_operator",

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 import torch
 
+from .._lazy import scipy_linalg
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, op_latex, op_symbols, unique_symbols
@@ -43,7 +43,7 @@ class BlockDiag(LinOp):
 
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``scipy.linalg.block_diag`` of the blocks' matrices."""
-        return scipy.linalg.block_diag(*(op.matrix(env) for op in self.ops))
+        return scipy_linalg.block_diag(*(op.matrix(env) for op in self.ops))
 
     def norm(
         self, env: Env | None = None, iters: int = 200, tol: float = 1e-10, seed: int = 0

@@ -1,4 +1,6 @@
-"""2-D convolution operator (no bias) on flattened ``(C, H, W)`` feature maps."""
+"""Convolution operators (no bias) on flattened feature maps: ``Conv2d`` on ``(C, H, W)`` and
+``Conv1d`` on ``(C, L)``, rectangular kernels, any padding/stride, grouped and depthwise
+(``groups = C_in``) convolutions; the adjoint is the matching transposed convolution."""
 
 from __future__ import annotations
 
@@ -12,80 +14,81 @@ from ..symbols import Env, Symbol
 from .base import LinOp, as_shape, as_symbol, resolve_weight
 
 
-def _pair(x: int | tuple[int, int], what: str, low: int) -> tuple[int, int]:
-    p = (x, x) if isinstance(x, int) else tuple(x)
-    if len(p) != 2 or any(int(a) != a or a < low for a in p):
-        raise ScaleError(f"{what} = {x} must be an int (or pair of ints) >= {low}", term="Conv2d")
-    return int(p[0]), int(p[1])
+def _tuple(x: int | tuple[int, ...], n: int, what: str, low: int, cls: str) -> tuple[int, ...]:
+    p = (x,) * n if isinstance(x, int) else tuple(x)
+    if len(p) != n or any(int(a) != a or a < low for a in p):
+        raise ScaleError(f"{what} = {x} must be an int (or {n} ints) >= {low}", term=cls)
+    return tuple(int(a) for a in p)
 
 
-class Conv2d(LinOp):
-    """``A v = conv2d(v, K)`` (cross-correlation, as torch); ``Aᵀ`` = ``conv_transpose2d``.
+class _ConvNd(LinOp):
+    """``A v = convNd(v, K)`` (cross-correlation, as torch) with ``groups``; ``Aᵀ`` =
+    ``conv_transposeNd`` with the same weight, stride, padding and groups (its exact adjoint)."""
 
-    ``weight`` has shape ``(C_out, C_in, kh, kw)``; ``in_shape = (C_in, H, W)``;
-    ``out_shape = (C_out, H_out, W_out)`` with ``H_out = (H + 2 p - kh) // s + 1`` (as torch).
-    """
+    dims: int = 2
+    _fwd: Any = None
+    _bwd: Any = None
 
-    def __init__(
-        self,
-        weight: Any,
-        in_shape: tuple[int, int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] = 0,
-        *,
-        name: str | None = None,
-    ) -> None:
+    def __init__(self, weight: Any, in_shape: tuple[int, ...], stride: int | tuple[int, ...] = 1,
+                 padding: int | tuple[int, ...] = 0, *, groups: int = 1,
+                 name: str | None = None) -> None:
+        cls, nd = type(self).__name__, self.dims
         self.weight = as_symbol(weight, prefix="K_c")
         wname = self.weight.name
-        if len(self.weight.shape) != 4:
+        lay = "(C, H, W)" if nd == 2 else "(C, L)"
+        kdims = "kh, kw" if nd == 2 else "k"
+        if len(self.weight.shape) != nd + 2:
             raise ShapeError(
-                f"conv weight '{wname}' must have shape (C_out, C_in, kh, kw), got "
-                f"{self.weight.shape}",
-                term=f"conv({wname})",
-            )
+                f"conv weight '{wname}' must have shape (C_out, C_in/groups, {kdims}), got "
+                f"{self.weight.shape}", term=f"conv({wname})")
         self.in_shape = as_shape(in_shape)
-        if len(self.in_shape) != 3:
+        if len(self.in_shape) != nd + 1:
+            raise ShapeError(f"in_shape must be {lay}, got {self.in_shape}", term=f"conv({wname})")
+        if int(groups) != groups or groups < 1:
+            raise ScaleError(f"groups = {groups} must be a positive int", term=cls)
+        self.groups = int(groups)
+        self.stride = _tuple(stride, nd, "stride", 1, cls)
+        self.padding = _tuple(padding, nd, "padding", 0, cls)
+        c_out, c_in_g, *ks = self.weight.shape
+        c, *sp = self.in_shape
+        g = self.groups
+        if c % g or c_out % g:
+            raise ShapeError(f"groups = {g} must divide the input channels ({c}) and the output "
+                             f"channels ({c_out})", term=f"conv({wname})")
+        if c_in_g * g != c:
             raise ShapeError(
-                f"in_shape must be (C, H, W), got {self.in_shape}", term=f"conv({wname})"
-            )
-        self.stride = _pair(stride, "stride", 1)
-        self.padding = _pair(padding, "padding", 0)
-        c_out, c_in, kh, kw = self.weight.shape
-        c, h, w = self.in_shape
-        if c_in != c:
+                f"weight '{wname}' expects {c_in_g * g} input channels ({c_in_g} per group × "
+                f"{g} groups), in_shape {self.in_shape} has {c}", term=f"conv({wname})")
+        padded = [n + 2 * p for n, p in zip(sp, self.padding)]
+        if any(k > n for k, n in zip(ks, padded)):
             raise ShapeError(
-                f"weight '{wname}' expects {c_in} input channels, in_shape {self.in_shape} has {c}",
-                term=f"conv({wname})",
-            )
-        (sh, sw), (ph, pw) = self.stride, self.padding
-        if h + 2 * ph < kh or w + 2 * pw < kw:
-            raise ShapeError(
-                f"kernel {kh}x{kw} is larger than the padded input {h + 2 * ph}x{w + 2 * pw}",
-                term=f"conv({wname})",
-            )
-        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        self.out_shape = (c_out, ho, wo)
-        # conv_transpose2d output is (ho-1)s - 2p + k + output_padding; pick it to land on (h, w).
-        self.output_padding = (h - ((ho - 1) * sh - 2 * ph + kh), w - ((wo - 1) * sw - 2 * pw + kw))
-        self.in_size, self.out_size = c * h * w, c_out * ho * wo
+                f"kernel {'x'.join(map(str, ks))} is larger than the padded input "
+                f"{'x'.join(map(str, padded))}", term=f"conv({wname})")
+        out_sp = [(n - k) // s + 1 for n, k, s in zip(padded, ks, self.stride)]
+        self.out_shape = (c_out, *out_sp)
+        # conv_transpose output is (o-1)s - 2p + k + output_padding; pick it to land on the input
+        self.output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, s, p, k
+                                    in zip(sp, out_sp, self.stride, self.padding, ks))
+        self.in_size = c * _prod(sp)
+        self.out_size = c_out * _prod(out_sp)
         super().__init__(f"conv({wname})", name)
 
     def apply(self, v: torch.Tensor, env: Env | None = None) -> torch.Tensor:
-        """``conv2d(v, K, stride, padding)`` on ``v`` reshaped to ``(B, C, H, W)``, flattened."""
+        """``convNd(v, K, stride, padding, groups)`` on ``v`` reshaped to ``(B, *in_shape)``."""
         v = self.check_input(v)
         k = resolve_weight(self.weight, env, v, self)
-        x = v.reshape(-1, *self.in_shape)
-        y = F.conv2d(x, k, stride=self.stride, padding=self.padding)
+        y = type(self)._fwd(v.reshape(-1, *self.in_shape), k, stride=self.stride,
+                            padding=self.padding, groups=self.groups)
         return y.reshape(*v.shape[:-1], self.out_size)
 
     def adjoint(self, w: torch.Tensor, env: Env | None = None) -> torch.Tensor:
-        """``conv_transpose2d(w, K, stride, padding, output_padding)``: the exact adjoint."""
+        """``conv_transposeNd(w, K, stride, padding, output_padding, groups)``: the exact
+        adjoint."""
         w = self.check_input(w, adjoint=True)
         k = resolve_weight(self.weight, env, w, self)
-        y = w.reshape(-1, *self.out_shape)
-        x = F.conv_transpose2d(
-            y, k, stride=self.stride, padding=self.padding, output_padding=self.output_padding
-        )
+        x = type(self)._bwd(w.reshape(-1, *self.out_shape), k, stride=self.stride,
+                            padding=self.padding, output_padding=self.output_padding,
+                            groups=self.groups)
         return x.reshape(*w.shape[:-1], self.in_size)
 
     def symbols(self) -> list[Symbol]:
@@ -94,3 +97,28 @@ class Conv2d(LinOp):
 
     def _latex(self) -> str:
         return f"\\operatorname{{conv}}({self.weight.latex()})"
+
+
+class Conv2d(_ConvNd):
+    """``A v = conv2d(v, K)`` on ``(C, H, W)``; ``weight`` ``(C_out, C_in/groups, kh, kw)``;
+    ``out_shape = (C_out, H_out, W_out)`` with ``H_out = (H + 2 p - kh) // s + 1`` (as torch)."""
+
+    dims = 2
+    _fwd = F.conv2d
+    _bwd = F.conv_transpose2d
+
+
+class Conv1d(_ConvNd):
+    """``A v = conv1d(v, K)`` on ``(C, L)`` signals; ``weight`` ``(C_out, C_in/groups, k)``;
+    ``out_shape = (C_out, (L + 2p - k) // s + 1)``."""
+
+    dims = 1
+    _fwd = F.conv1d
+    _bwd = F.conv_transpose1d
+
+
+def _prod(xs: list[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

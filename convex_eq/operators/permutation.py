@@ -1,4 +1,4 @@
-"""Cyclic block permutation ``P`` of deep OptEq (MATH §5, Lemma 3)."""
+"""Cyclic block permutation ``P`` of deep OptEq (docs/theory.md §5, Lemma 3)."""
 
 from __future__ import annotations
 

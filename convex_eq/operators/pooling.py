@@ -75,7 +75,8 @@ def downsample_or_identity(
 ) -> LinOp:
     """``P``: ``from_shape -> to_shape`` — ``I`` if equal, avg-downsample or its transpose.
 
-    This is ``P_{i:j}`` of MATH §3 with ``from_shape`` = shape of ``z_j`` and ``to_shape`` = shape
+    This is ``P_{i:j}`` of docs/theory.md §3 with ``from_shape`` = shape of ``z_j`` and ``to_shape``
+    = shape
     of ``z_i``.  Spatial sizes must differ by one integer factor in both H and W; channels must
     agree.
     """

@@ -13,7 +13,7 @@ import torch
 
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ScaleError, ShapeError
-from ..symbols import Env, Scalar, Symbol
+from ..symbols import Env, Scalar, ScaledScalar, Symbol
 
 if TYPE_CHECKING:
     from ..export import ExportContext
@@ -35,9 +35,11 @@ class Condition:
     op: Any = None  # the operator whose norm is measured, if any (used by weight control)
 
     def value(self, env: Env | None = None) -> float:
+        """The measured quantity ``measure(env)`` that the condition compares with ``bound``."""
         return float(self.measure(env))
 
     def holds(self, env: Env | None = None) -> bool:
+        """``measure(env) ≤ bound + tol`` (or ``≥ bound − tol``) at the current values."""
         v = self.value(env)
         if self.sense == "<=":
             return v <= self.bound + self.tol
@@ -57,6 +59,7 @@ class Curvature:
     reason: str = ""
 
     def flipped(self) -> Curvature:
+        """The curvature of ``−f``: convex ↔ concave, same conditions."""
         k = {"convex": "concave", "concave": "convex"}.get(self.kind, self.kind)
         return Curvature(k, list(self.conditions), self.reason)
 
@@ -77,18 +80,25 @@ class QuadPart:
 @dataclass
 class StrongConvexity:
     """``coef·f`` is ``m``-strongly convex in ``state``, with ``m = factor / ||op||₂²``
-    (``op`` None means ``m = factor``)."""
+    (``op`` None means ``m = factor``); with ``arg`` (an affine ``u = Az + c``) instead:
+    ``coef·f − (factor/2)||u||²`` is convex, i.e. ``factor·AᵀA`` joins the quadratic form."""
 
     state: Symbol
     factor: float
     op: Any = None
     op_text: str = ""
+    arg: Any = None
 
     def modulus(self, env: Env | None = None) -> float:
+        """The modulus ``m = factor/||op||₂²`` (``factor`` without an operator)."""
         if self.op is None:
             return self.factor
         n = self.op.norm(env)
         return math.inf if n == 0 else self.factor / n**2
+
+
+#: conjugate rules by term type, ``rule(term) → (term)*`` (see ``Term.conjugate``)
+CONJUGATE_RULES: dict[type, Callable[[Term], Term]] = {}
 
 
 # --------------------------------------------------------------------------- base term
@@ -114,6 +124,7 @@ class Term:
         """Shape rule; default: nothing beyond the affine args' own consistency."""
 
     def states(self) -> list[Symbol]:
+        """The ``State`` symbols the term depends on, in order of first appearance."""
         out: list[Symbol] = []
         for a in self.args:
             for s in a.states():
@@ -122,6 +133,7 @@ class Term:
         return out
 
     def symbols(self) -> list[Symbol]:
+        """Every symbol the term reads: its arguments' symbols and their operators' weights."""
         out: list[Symbol] = []
         for a in self.args:
             for e in a.entries:
@@ -136,10 +148,12 @@ class Term:
 
     @property
     def name(self) -> str:
+        """The term as text (its ``str``)."""
         return str(self)
 
     # ----------------------------------------------------------- coefficient
     def coef(self, env: Env | None = None) -> float:
+        """The coefficient ``scale · Π scalars`` at the current scalar values."""
         c = self.scale
         for s in self.scalars:
             c *= s.float(env)
@@ -150,6 +164,8 @@ class Term:
         return 1 if self.scale >= 0 else -1
 
     def __mul__(self, c: Any) -> Term:
+        if isinstance(c, ScaledScalar):  # (0.5·λ)·t = 0.5·(λ·t)
+            return (self * c.scalar) * c.factor
         t = copy.copy(self)
         if isinstance(c, Scalar):
             if c.low is None or c.low < 0:
@@ -172,6 +188,12 @@ class Term:
     def __neg__(self) -> Term:
         return self * -1.0
 
+    def with_args(self, args: list[Affine]) -> Term:
+        """The same term (kind, scale, scalars) on new arguments."""
+        t = copy.copy(self)
+        t.args = list(args)
+        return t
+
     def __add__(self, other: Any) -> Any:
         from ..objective import Objective
 
@@ -191,6 +213,8 @@ class Term:
         return c if self.coef_sign() > 0 else c.flipped()
 
     def raw_curvature(self) -> Curvature:
+        """Curvature of ``f`` itself (before the coefficient) with its conditions
+        (docs/theory.md §3)."""
         return Curvature(self.base_curvature)
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
@@ -210,6 +234,7 @@ class Term:
         return torch.zeros_like(raw) if c == 0 else c * raw
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``f(u_1, …, u_k)`` per sample, shape ``(B,)``, at the evaluated arguments ``us``."""
         raise NotImplementedError(f"{type(self).__name__} must implement raw_value")
 
     def grad(self, values: Values, env: Env | None = None, wrt: str = "state"
@@ -234,6 +259,7 @@ class Term:
         return out
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇_{u_i} f(u_1, …, u_k)`` per argument (``None`` where ``f`` does not depend on it)."""
         raise NotImplementedError(f"{type(self).__name__} must implement raw_grad")
 
     def grad_lipschitz(self, env: Env | None = None) -> float:
@@ -248,6 +274,7 @@ class Term:
         return abs(self.coef(env)) * tot
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """Per argument, a bound on ``Lip(∇_{u_i} f)`` (``inf`` when none is known)."""
         return [math.inf] * len(self.args)
 
     def grad_text(self, latex: bool = False) -> list[str | None] | None:
@@ -266,6 +293,7 @@ class Term:
 
     @property
     def has_prox(self) -> bool:
+        """``True`` iff ``prox_{t·coef·f}`` has a closed form on a bare state argument."""
         return self.prox_state is not None and type(self).raw_prox is not Term.raw_prox
 
     def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None) -> torch.Tensor:
@@ -281,14 +309,21 @@ class Term:
         return self.raw_prox(v, c, env)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """``prox_{t f}(v) = argmin_u f(u) + ||u − v||²/(2t)`` in closed form (docs/theory.md,
+        notation)."""
         raise LoweringError("no closed-form prox", term=str(self))
 
     # ----------------------------------------------------------- conjugate
     def conjugate(self) -> Term:
-        """Closed-form convex conjugate ``(coef·f)*`` (rule per term)."""
+        """Closed-form convex conjugate ``(coef·f)*`` (a method per term, or a rule in
+        ``CONJUGATE_RULES`` registered by a module that may not be imported by the term's)."""
+        rule = CONJUGATE_RULES.get(type(self))
+        if rule is not None:
+            return rule(self)
         raise NotDCPError(
             "no closed-form conjugate rule", term=str(self),
-            hint="conjugates are known for potentials, σ̃, ½||·||², ||·||₁, indicators and σ̃∘affine",
+            hint="conjugates are known for potentials, σ̃, ½||·||², ||·||₁, indicators, σ̃∘affine "
+                 "and ½uᵀSu (S ⪰ 0 a Constant)",
         )
 
     # ----------------------------------------------------------- export
@@ -301,11 +336,13 @@ class Term:
 
     # ----------------------------------------------------------- printing
     def coef_latex(self) -> str:
+        """LaTeX of the coefficient ``scale · Π scalars`` (empty for 1)."""
         parts = [] if self.scale == 1.0 else (["-"] if self.scale == -1.0 else [f"{self.scale:g}"])
         parts += [s.latex() for s in self.scalars]
         return " ".join(parts)
 
     def coef_str(self) -> str:
+        """Text of the coefficient ``scale · Π scalars`` (empty for 1)."""
         if self.scale == 1.0 and not self.scalars:
             return ""
         parts = [] if self.scale == 1.0 else (["-"] if self.scale == -1.0 else [f"{self.scale:g}"])
@@ -314,16 +351,19 @@ class Term:
         return "".join(parts[:1]) + "".join("·" + p for p in parts[1:]) + sep
 
     def latex(self) -> str:
+        """LaTeX of ``coef · f(args)``."""
         c = self.coef_latex()
         return f"{c} {self.raw_latex()}".strip()
 
     def raw_latex(self) -> str:
+        """LaTeX of ``f(args)`` without the coefficient (each term gives its formula)."""
         return type(self).__name__
 
     def __str__(self) -> str:
         return f"{self.coef_str()}{self.raw_str()}"
 
     def raw_str(self) -> str:
+        """Text of ``f(args)`` without the coefficient (each term gives its formula)."""
         return type(self).__name__
 
     def __repr__(self) -> str:
@@ -331,6 +371,7 @@ class Term:
 
 
 def single_arg(term: Term) -> Affine:
+    """The term's only affine argument (a ``ShapeError`` when it has several)."""
     if len(term.args) != 1:
         raise ShapeError(f"expected one argument, got {len(term.args)}", term=str(term))
     return term.args[0]
@@ -342,6 +383,7 @@ def batch_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def require_states(args: Sequence[Affine], term: str) -> None:
+    """Refuse a term none of whose arguments involves a state (it would be a constant)."""
     if not any(a.states() for a in args):
         raise ShapeError("term does not depend on any state", term=term,
                          hint="terms of the hidden objective must involve the equilibrium state")

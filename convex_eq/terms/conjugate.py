@@ -1,22 +1,25 @@
-"""Conjugate of a separable function of an affine map (MATH §2):
+"""Conjugate of a separable function of an affine map (docs/theory.md §2):
 ``ψ(z) = s Σ σ̃(Mz + q)``  ⇒  ``ψ*(v) = s · min_y { Σ σ̃*(y) - <q, y> : Mᵀy = v/s }``."""
 
 from __future__ import annotations
 
 import itertools
 
-import cvxpy as cp
 import numpy as np
 import torch
 
+from convex_eq.terms.potential import Antiderivative
 from convex_eq.terms.potential import act_latex as _sig
 
+from .._lazy import cvxpy as cp
 from ..activations import Activation
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ShapeError, SolverError
 from ..export import ExportContext
-from ..symbols import Env, State, Symbol
-from .base import Curvature, StrongConvexity, Term
+from ..operators import Dense
+from ..symbols import Constant, Env, State, Symbol
+from .base import CONJUGATE_RULES, Curvature, StrongConvexity, Term, single_arg
+from .quadratic import QuadraticForm
 
 _aux_ids = itertools.count()
 
@@ -33,6 +36,8 @@ class SeparableAffineConjugate(Term):
     def __init__(self, act: Activation, op: object, q: Affine | None, s: float, state: Symbol):
         self.act, self.op, self.q, self.s = act, op, q, float(s)
         self.state = state
+        #: ``ψ*`` evaluated at this affine argument instead of ``state`` (``φ∘A``), or None
+        self.at: Affine | None = None
         if self.s <= 0:
             raise ShapeError("scale s of ψ = s Σσ̃(Mz+q) must be positive", term="ψ*")
         super().__init__(state)
@@ -52,6 +57,8 @@ class SeparableAffineConjugate(Term):
         return cls(term.act, op, off, term.scale, e.symbol)
 
     def check_shapes(self) -> None:
+        """``M`` maps the state's size and ``q`` has the size of ``Mz`` (a ``ShapeError``
+        otherwise)."""
         if self.op.in_size != self.state.size:
             raise ShapeError(f"M maps size {self.op.in_size}, state has {self.state.size}",
                              term=str(self))
@@ -59,8 +66,22 @@ class SeparableAffineConjugate(Term):
             raise ShapeError(f"q has size {self.q.size}, M z has {self.op.out_size}",
                              term=str(self))
 
+    def with_args(self, args: list[Affine]) -> Term:
+        """``ψ*(u)`` at a new argument ``u`` of the state (affine precomposition ``ψ*∘A``)."""
+        t = super().with_args(args)
+        t.at = args[0]  # type: ignore[attr-defined]
+        return t
+
     def symbols(self) -> list[Symbol]:
-        out: list[Symbol] = [self.state]
+        """The state (or the precomposed argument's symbols), then ``M``'s weights and ``q``'s
+        symbols."""
+        if self.at is not None:
+            out: list[Symbol] = list(self.at.symbols())
+            for s in [*self.op.symbols(), *(self.q.symbols() if self.q is not None else [])]:
+                if all(s is not o for o in out):
+                    out.append(s)
+            return out
+        out = [self.state]
         extra = list(self.op.symbols())
         if self.q is not None:
             for e in self.q.entries:
@@ -73,11 +94,12 @@ class SeparableAffineConjugate(Term):
 
     # ---------------------------------------------------------------- value
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """Not used: ``ψ*`` is evaluated by ``value`` (an inner maximization), not per argument."""
         raise AssertionError("SeparableAffineConjugate overrides value()")
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
         """``s · min_y {Σσ̃*(y) - <q,y> : Mᵀy = v/s}``; unique ``y`` when ``Mᵀ`` is injective."""
-        v = values[self.state.name]
+        v = values[self.state.name] if self.at is None else self.at.evaluate(values, env)
         m = torch.as_tensor(self.op.matrix(env), dtype=v.dtype, device=v.device)
         q = (self.q.evaluate(values, env) if self.q is not None
              else torch.zeros(v.shape[0], m.shape[0], dtype=v.dtype, device=v.device))
@@ -126,11 +148,18 @@ class SeparableAffineConjugate(Term):
 
     # ---------------------------------------------------------------- structure
     def raw_curvature(self) -> Curvature:
+        """Convex: a convex conjugate (docs/theory.md §2)."""
         return Curvature("convex", reason="a convex conjugate")
 
     def strong_convexity(self) -> StrongConvexity | None:
+        """``ψ*`` is ``1/(s L_σ ||M||₂²)``-strongly convex, since ``∇ψ`` is ``s L_σ
+        ||M||₂²``-Lipschitz."""
         if self.coef_sign() < 0 or self.scalars:
             return None
+        if self.at is not None:  # in z: (modulus)·AᵀA for ψ*(Az + c)
+            states = self.at.states()
+            return StrongConvexity(states[0], self.scale / (self.s * self.act.lipschitz),
+                                   self.op, f"{self.op}", arg=self.at) if len(states) == 1 else None
         return StrongConvexity(self.state, self.scale / (self.s * self.act.lipschitz), self.op,
                                f"{self.op}")
 
@@ -140,14 +169,13 @@ class SeparableAffineConjugate(Term):
 
     def primal(self) -> Term:
         """``ψ`` itself (the term this one is the conjugate of)."""
-        from .potential import Antiderivative
-
         u = as_affine(self.state).map(self.op)
         if self.q is not None:
             u = u + self.q
         return Antiderivative(self.act, u) * self.s
 
     def conjugate(self) -> Term:
+        """``(ψ*)* = ψ = s Σσ̃(Mz + q)`` (closed, convex ``ψ``)."""
         if self.scale != 1.0 or self.scalars:
             return super().conjugate()
         return self.primal()
@@ -155,34 +183,43 @@ class SeparableAffineConjugate(Term):
     # ---------------------------------------------------------------- export
     def declare(self, ctx: ExportContext) -> None:
         """Introduce ``y`` and substitute ``v = s Mᵀ y``."""
+        if self.at is not None:
+            raise NotDCPError(
+                "ψ*∘A (a precomposed conjugate) has no CVXPY form here", term=str(self),
+                hint="verify it with the numeric reference, which minimizes φ at u = A(z)")
         y = State(f"{self.state.name}_dual{next(_aux_ids)}", self.op.out_size)
         self._aux = y
         sl = ctx.add_aux_state(y)
         ctx.substitute(self.state, self.s * self.op.matrix(ctx.env).T, sl, term=str(self))
 
     def export(self, ctx: ExportContext) -> None:
+        """The y-form ``coef·s·(Σσ̃*(y) − <q, y>)`` over the auxiliary ``y`` tied to the state
+        (docs/theory.md §2)."""
         from .potential import AntiderivativeConjugate
-        from .quadratic import Linear
 
         c = self.coef(ctx.env) * self.s
         try:
             AntiderivativeConjugate(self.act, self._aux).__mul__(c).export(ctx)
         except NotDCPError as err:  # name this term, not the auxiliary σ̃*(y) term
             raise NotDCPError(err.reason, term=str(self), hint=err.hint) from err
-        if self.q is not None:
-            Linear(self.q, self._aux).__mul__(-c).export(ctx)
+        if self.q is not None:  # −c<q, y>
+            ctx.add_linear(-c, self.q, as_affine(self._aux), source=f"-{c:g}·<{self.q}, y>")
 
     # ---------------------------------------------------------------- printing
     def raw_latex(self) -> str:
+        """LaTeX of ``ψ*(v), ψ = sΣσ̃(Mz + q)`` (without the coefficient)."""
         q = f" + {self.q.latex()}" if self.q is not None else ""
         sc = "" if self.s == 1.0 else f"{self.s:g}"
         inner = f"{sc} \\sum_j \\tilde{{{_sig(self.act)}}}({self.op.latex()} \\cdot{q})"
-        return f"\\big({inner}\\big)^*({self.state.latex()})"
+        at = self.state.latex() if self.at is None else self.at.latex()
+        return f"\\big({inner}\\big)^*({at})"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``ψ*(v), ψ = sΣσ̃(Mz + q)`` (without the coefficient)."""
         q = f" + {self.q}" if self.q is not None else ""
         sc = "" if self.s == 1.0 else f"{self.s:g}·"
-        return f"({sc}Σ ∫{self.act.name}({self.op}·{q}))*({self.state.name})"
+        at = self.state.name if self.at is None else str(self.at)
+        return f"({sc}Σ ∫{self.act.name}({self.op}·{q}))*({at})"
 
 
 class _Scaled:
@@ -212,3 +249,31 @@ class _Scaled:
 
     def __str__(self) -> str:
         return f"{self.c:g}{self.op}"
+
+
+def quadratic_form_conjugate(t: QuadraticForm) -> Term:
+    """``ψ = c·½uᵀSu`` with ``S ⪰ 0`` a Constant and ``u = Wz + q``: ``ψ = c·Σσ̃_id(S^½u)``
+    (``σ̃_id(a) = a²/2``), so ``ψ*`` is the separable∘affine conjugate of the identity
+    activation on ``S^½Wz + S^½q`` (Theorem 1 then gives the layer ``c·WᵀS(Wz + q)``, the
+    linear "activation" ``S`` of TPAMI Table 1)."""
+    name = t.Q.name
+    if t.scalars or t.scale <= 0:
+        raise NotDCPError(f"conjugate of a non-positive or scalar-scaled ½uᵀ{name}u",
+                          term=str(t), hint="use a positive numeric coefficient")
+    if not isinstance(t.Q, Constant):
+        raise NotDCPError(
+            f"the conjugate of ½uᵀ{name}u needs {name}^½, fixed at declaration", term=str(t),
+            hint=f"declare {name} as a Constant (or write ψ = Σσ̃_identity(R(Wz + q)) with R a "
+                 "Weight, RᵀR = S)")
+    q = t.Q.resolve(None).detach().cpu().numpy().astype(np.float64)
+    lam, vec = np.linalg.eigh(0.5 * (q + q.T))
+    if lam.min() < -1e-10 * max(1.0, float(np.abs(lam).max())):
+        raise NotDCPError(f"{name} is not positive semidefinite (λ_min = {lam.min():.3g}): "
+                          f"½uᵀ{name}u is not convex", term=str(t),
+                          hint="a linear activation S needs S ⪰ 0")
+    root = Constant(f"{name}_sqrt", (vec * np.sqrt(np.clip(lam, 0.0, None))) @ vec.T)
+    return SeparableAffineConjugate.from_antiderivative(
+        Antiderivative("identity", as_affine(single_arg(t)).map(Dense(root))) * t.scale)
+
+
+CONJUGATE_RULES[QuadraticForm] = quadratic_form_conjugate

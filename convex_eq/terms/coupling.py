@@ -1,4 +1,5 @@
-"""MOptEq branch-fusion terms (MATH §3): ``H(z_i, z_j) = z_iᵀ P z_j`` and the off-diagonal channel
+"""MOptEq branch-fusion terms (docs/theory.md §3): ``H(z_i, z_j) = z_iᵀ P z_j`` and the off-diagonal
+channel
 cross-correlation ``D(z_i, z_j) = Σ_{k1} Σ_{k2≠k1} |⟨z_i^{(k1)}, (P z_j)^{(k2)}⟩|``.
 
 ``P`` is a linear operator from ``z_j``'s space to ``z_i``'s (average-downsample, its transpose,
@@ -96,19 +97,24 @@ class Coupling(_PairTerm):
     smooth = True
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``H(u, v) = uᵀ P v`` per sample."""
         return batch_dot(us[0], self.P.apply(us[1], env))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇_u H = P v``, ``∇_v H = Pᵀ u``."""
         return [self.P.apply(us[1], env), self.P.adjoint(us[0], env)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``||P||₂`` for each argument (``∇H`` is linear with norm ``||P||₂``)."""
         n = float(self.P.norm(env))
         return [n, n]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: the bilinear ``uᵀ P v`` is indefinite (docs/theory.md §3 row 4)."""
         return Curvature("unknown", reason="the bilinear coupling z_iᵀ P z_j is indefinite")
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradients ``P z_j`` and ``Pᵀ z_i`` (for derivations)."""
         ui, uj = self.args
         p = self._p_str(latex)
         if latex:
@@ -116,6 +122,7 @@ class Coupling(_PairTerm):
         return [f"{p} {_wrap(uj, False)}", f"{p}ᵀ {_wrap(ui, False)}"]
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        """One quadratic summand ``coef·<u, P v>`` (for the objective's quadratic form)."""
         ui, uj = self.args
         return [QuadPart(self.coef(env), ui, uj.map(self.P), str(self))]
 
@@ -125,10 +132,12 @@ class Coupling(_PairTerm):
         must be PSD as a whole)."""
 
     def raw_latex(self) -> str:
+        """LaTeX of ``z_iᵀ P z_j`` (without the coefficient)."""
         ui, uj = self.args
         return f"{_wrap(ui, True)}^\\top {self._p_str(True)}\\, {_wrap(uj, True)}"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``z_iᵀ P z_j`` (without the coefficient)."""
         ui, uj = self.args
         return f"{_wrap(ui, False)}ᵀ {self._p_str(False)} {_wrap(uj, False)}"
 
@@ -168,6 +177,7 @@ class ChannelDecorrelation(_PairTerm):
         super().__init__(z_i, z_j, P)
 
     def check_shapes(self) -> None:
+        """``P`` maps ``z_j`` to ``z_i``'s space; ``channels ≥ 2`` split ``z_i`` evenly."""
         super().check_shapes()
         n = self.args[0].size
         c = self.channels
@@ -185,11 +195,14 @@ class ChannelDecorrelation(_PairTerm):
         return u, v, u @ v.transpose(1, 2)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_{k1} Σ_{k2≠k1} |⟨u^{(k1)}, (P v)^{(k2)}⟩|`` per sample."""
         _, _, m = self._corr(us, env)
         a = m.abs()
         return a.sum(dim=(1, 2)) - torch.diagonal(a, dim1=1, dim2=2).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """A.e. gradient: ``sign`` of the off-diagonal correlations times the other argument's
+        channels."""
         u, v, m = self._corr(us, env)
         g = torch.sign(m)
         g = g - torch.diag_embed(torch.diagonal(g, dim1=1, dim2=2))
@@ -215,11 +228,13 @@ class ChannelDecorrelation(_PairTerm):
     subgradient = grad
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: sums of absolute cross-correlations are neither convex nor concave."""
         return Curvature("unknown",
                          reason="the channel decorrelation Σ|⟨z_i^(k1), (P z_j)^(k2)⟩| is "
                          "neither convex nor concave")
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: the term is not convex (local reference)."""
         raise NotDCPError(
             "the channel decorrelation term (sum of absolute values of bilinear forms) is not "
             "convex, so it has no CVXPY (DCP) form", term=str(self),
@@ -227,11 +242,13 @@ class ChannelDecorrelation(_PairTerm):
         )
 
     def raw_latex(self) -> str:
+        """LaTeX of ``D(z_i, z_j)`` (without the coefficient)."""
         ui, uj = self.args
         return (f"\\sum_{{k_1}}\\sum_{{k_2 \\ne k_1}} \\big|\\langle {_wrap(ui, True)}^{{(k_1)}}, "
                 f"({self._p_str(True)} {_wrap(uj, True)})^{{(k_2)}}\\rangle\\big|")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``D(z_i, z_j)`` (without the coefficient)."""
         ui, uj = self.args
         return (f"Σ_k1 Σ_k2≠k1 |<{_wrap(ui, False)}^(k1), "
                 f"({self._p_str(False)} {_wrap(uj, False)})^(k2)>|")

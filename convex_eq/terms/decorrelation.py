@@ -1,4 +1,5 @@
-"""Batch decorrelation ``R(Z) = ½||D Z Zᵀ D - I||_F²`` (MATH §4): batch-coupled, non-convex.
+"""Batch decorrelation ``R(Z) = ½||D Z Zᵀ D - I||_F²`` (docs/theory.md §4): batch-coupled,
+non-convex.
 
 ``Z`` is the ``m × B`` matrix whose columns are the batch samples ``u_b`` (the term's argument,
 carried as the flat batch ``(B, m)``, i.e. ``Z = Uᵀ``), and ``D = diag(1/||row_i||)`` normalises
@@ -60,6 +61,7 @@ class BatchDecorrelation(Term):
         super().__init__(z)
 
     def check_shapes(self) -> None:
+        """At least 2 features (a ``ShapeError`` otherwise)."""
         require_states(self.args, str(self))
         if single_arg(self).size < 2:
             raise ShapeError(
@@ -74,11 +76,13 @@ class BatchDecorrelation(Term):
         return 0.5 * (off * off).sum()
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``½||D Z Zᵀ D − I||_F²`` of the batch, shared equally by the ``B`` samples."""
         u = us[0]
         b = u.shape[0]
         return (self.batch_value(u) / b).expand(b)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∂R/∂Z`` through the row normalization ``Ẑ = D Z`` (batch-coupled)."""
         zh, safe = _normalized_rows(us[0])
         off = _off_diagonal(zh @ zh.transpose(0, 1))
         g = 2.0 * off @ zh  # ∂R/∂Ẑ, (m, B)
@@ -86,12 +90,15 @@ class BatchDecorrelation(Term):
         return [gz.transpose(0, 1)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``inf``: the gradient has no global Lipschitz bound (row normalization)."""
         return [math.inf]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: batch decorrelation is not convex (docs/theory.md §4)."""
         return Curvature("unknown", reason="batch decorrelation is not convex")
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: not convex and batch-coupled (local reference)."""
         raise NotDCPError(
             "the batch decorrelation term is not convex (and couples the samples of a batch), "
             "so it has no CVXPY (DCP) form", term=str(self),
@@ -99,10 +106,12 @@ class BatchDecorrelation(Term):
         )
 
     def raw_latex(self) -> str:
+        """LaTeX of ``½||D Z Zᵀ D − I||_F²`` (without the coefficient)."""
         z = single_arg(self).latex()
         return (f"\\tfrac12\\big\\|D Z Z^\\top D - I\\big\\|_F^2\\Big|"
                 f"_{{Z = [{z}]_{{\\mathrm{{batch}}}}}}")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``½||D Z Zᵀ D − I||_F²`` (without the coefficient)."""
         z = single_arg(self)
         return f"½||D Z Zᵀ D - I||_F²[Z = batch of {z}]"

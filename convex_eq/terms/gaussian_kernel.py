@@ -1,4 +1,4 @@
-"""Gaussian-kernel similarity terms of GEQ / KerDEQ (MATH §3).
+"""Gaussian-kernel similarity terms of GEQ / KerDEQ (docs/theory.md §3).
 
 ``GaussianKernel(r, γ)``:  ``S(r) = (1/(2γ)) exp(-γ||r||²)`` with ``r`` an affine argument (users
 pass ``q - W @ z``).
@@ -19,16 +19,19 @@ pass ``q - W @ z``).
 
     ``S = (1/(2γ)) Σ_i exp(-γ ||(x̃_i - z̃_i) W_h||²)``,
 
-``x̃_i, z̃_i`` the i-th non-overlapping ``patch × patch`` patch (all channels) of ``q`` and of
-``Wz``, laid out as ``image_shape = (C, H, W)``.  A patch is flattened in ``(C, patch, patch)``
-row-major order into a row vector of length ``C·patch²``; patches are enumerated row-major over
-the ``(H/patch) × (W/patch)`` grid; ``W_h`` is a ``(C·patch²) × h`` Weight/Constant.
+``x̃_i, z̃_i`` the i-th non-overlapping ``c_s × p_h × p_w`` patch of ``q`` and of ``Wz``, laid out
+as ``image_shape = (C, H, W)``: ``c_s`` consecutive channels (the channel split; all ``C`` by
+default) and a ``p_h × p_w`` window (``patch`` an int for square patches).  A patch is flattened
+in ``(c_s, p_h, p_w)`` row-major order into a row vector of length ``c_s·p_h·p_w``; patches are
+enumerated row-major over the ``(C/c_s) × (H/p_h) × (W/p_w)`` grid; ``W_h`` is a
+``(c_s·p_h·p_w) × h`` Weight/Constant (shared by all patches).
 
 Design: the term has ONE affine argument ``r = q - wz`` (``q`` and ``wz`` are kept as the
 attributes ``.q`` and ``.wz``).  With ``y_i = r̃_i W_h``,
 ``∇_{r̃_i} S = -e^{-γ||y_i||²} r̃_i W_h W_hᵀ``, scattered back to the image layout; the base's
 chain rule through ``r = q - Wz`` then gives ``∇_z S = Wᵀ m`` with ``m`` the scattered patches of
-``e^{-γ||·||²}(x̃_i - z̃_i) W_h W_hᵀ`` — exactly MATH §3.  Gradient Lipschitz bound w.r.t. ``r``:
+``e^{-γ||·||²}(x̃_i - z̃_i) W_h W_hᵀ`` — exactly docs/theory.md §3.  Gradient Lipschitz bound w.r.t.
+``r``:
 the Hessian is block diagonal over the disjoint patches, with blocks
 ``-W_h e^{-γ||y||²}(I - 2γ y yᵀ) W_hᵀ``; by the bound above each has norm ``≤ ||W_h||₂²``, hence
 ``Lip(∇_r S) ≤ ||W_h||₂²`` (and the base multiplies by ``||∂r/∂z||₂²``).  One argument (rather
@@ -105,25 +108,31 @@ class GaussianKernel(_GammaMixin, Term):
         self.gamma_value(None)
 
     def check_shapes(self) -> None:
+        """The argument ``r`` must involve a state."""
         require_states(self.args, str(self))
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and ``γ`` when it is a ``Scalar``."""
         return self._gamma_symbols(super().symbols())
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``S(r) = (1/(2γ)) exp(−γ||r||²)`` per sample."""
         g = self.gamma_value(env)
         r = us[0]
         return torch.exp(-g * (r * r).sum(dim=-1)) / (2.0 * g)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇_r S = −e^{−γ||r||²} r``."""
         g = self.gamma_value(env)
         r = us[0]
         return [-torch.exp(-g * (r * r).sum(dim=-1, keepdim=True)) * r]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``Lip(∇_r S) = 1`` (the Hessian's eigenvalues lie in ``[−1, 2e^{−3/2}]``)."""
         return [1.0]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``−exp(−γ||r||²)·r`` (for derivations)."""
         r = single_arg(self)
         g = self._gamma_str(latex)
         if latex:
@@ -131,17 +140,21 @@ class GaussianKernel(_GammaMixin, Term):
         return [f"-exp(-{g}·||{r}||²)·({r})"]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: the Gaussian kernel is neither convex nor concave (docs/theory.md §3 row 2)."""
         return Curvature("unknown", reason=_REASON)
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: the Gaussian kernel is not convex (local reference)."""
         self._refuse_export()
 
     def raw_latex(self) -> str:
+        """LaTeX of ``(1/(2γ))exp(−γ||r||²)`` (without the coefficient)."""
         g = self._gamma_str(True)
         two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
         return f"\\frac{{1}}{{{two_g}}} e^{{-{g}\\|{single_arg(self).latex()}\\|^2}}"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``(1/(2γ))exp(−γ||r||²)`` (without the coefficient)."""
         g = self._gamma_str(False)
         return f"exp(-{g}·||{single_arg(self)}||²)/(2·{g})"
 
@@ -151,7 +164,9 @@ class PatchGaussianKernel(_GammaMixin, Term):
 
     ``q`` and ``wz`` are affine expressions of the image size ``C·H·W`` (typically ``q = U x + b``
     and ``wz = W @ z``); the term's single argument is ``r = q - wz``.  ``W_h`` is a Weight or
-    Constant (an array is wrapped into a Constant named ``W_h<k>``) of shape ``(C·patch², h)``.
+    Constant (an array is wrapped into a Constant named ``W_h<k>``) of shape
+    ``(c_s·p_h·p_w, h)``; ``patch`` is ``p`` or ``(p_h, p_w)``, ``channel_split`` is ``c_s``
+    (``None``: all channels).
     ``image_shape`` is ``(C, H, W)`` (or ``(H, W)`` for one channel); ``None`` takes the shape of
     the first 3-d state/input symbol of ``q``/``wz``."""
 
@@ -159,14 +174,17 @@ class PatchGaussianKernel(_GammaMixin, Term):
     base_curvature = "unknown"
     smooth = True
 
-    def __init__(self, q: Any, wz: Any, gamma: float | Scalar, patch: int, W_h: Any,
-                 image_shape: tuple[int, ...] | None = None):
+    def __init__(self, q: Any, wz: Any, gamma: float | Scalar, patch: int | tuple[int, int],
+                 W_h: Any, image_shape: tuple[int, ...] | None = None, *,
+                 channel_split: int | None = None):
         self.q: Affine = as_affine(q)
         self.wz: Affine = as_affine(wz)
         self.gamma = gamma
-        self.patch = int(patch)
+        ph, pw = (patch, patch) if isinstance(patch, (int, np.integer)) else tuple(patch)
+        self.patch_hw = (int(ph), int(pw))
         self.W_h = W_h if isinstance(W_h, (Weight, Constant)) else _as_symbol(W_h, "W_h")
         self.image_shape = self._image_shape(image_shape)
+        self.channel_split = self.image_shape[0] if channel_split is None else int(channel_split)
         if self.q.size != self.wz.size:
             raise ShapeError(
                 f"q has size {self.q.size} but Wz has size {self.wz.size}",
@@ -198,28 +216,45 @@ class PatchGaussianKernel(_GammaMixin, Term):
                              term=self._name())
         return shape  # type: ignore[return-value]
 
+    @property
+    def patch(self) -> int | tuple[int, int]:
+        """``p`` for square patches, else ``(p_h, p_w)``."""
+        ph, pw = self.patch_hw
+        return ph if ph == pw else (ph, pw)
+
+    @property
+    def patch_dim(self) -> int:
+        """``c_s·p_h·p_w``: the length of a flattened patch (rows of ``W_h``)."""
+        return self.channel_split * self.patch_hw[0] * self.patch_hw[1]
+
     def check_shapes(self) -> None:
+        """The image shape matches the argument and the patches tile it (a ``ShapeError``
+        otherwise)."""
         require_states(self.args, str(self))
         c, h, w = self.image_shape
-        p = self.patch
+        (ph, pw), cs = self.patch_hw, self.channel_split
         n = single_arg(self).size
         if c * h * w != n:
             raise ShapeError(
                 f"image_shape {self.image_shape} has {c * h * w} entries, q - Wz has {n}",
                 term=str(self),
             )
-        if p <= 0 or h % p or w % p:
+        if ph <= 0 or pw <= 0 or h % ph or w % pw:
             raise ShapeError(
-                f"patch size {p} does not divide the image height {h} and width {w}",
-                term=str(self), hint="choose a patch size that divides H and W",
+                f"patch size {ph}×{pw} does not divide the image height {h} and width {w}",
+                term=str(self), hint="choose patch sizes (p_h, p_w) that divide H and W",
             )
-        if len(self.W_h.shape) != 2 or self.W_h.shape[0] != c * p * p:
+        if cs <= 0 or c % cs:
+            raise ShapeError(f"channel split {cs} does not divide the {c} channels",
+                             term=str(self), hint="choose channel_split c_s that divides C")
+        if len(self.W_h.shape) != 2 or self.W_h.shape[0] != self.patch_dim:
             raise ShapeError(
-                f"W_h has shape {self.W_h.shape}, expected ({c * p * p}, h) = (C·patch², h) "
-                f"for C = {c}, patch = {p}", term=str(self),
+                f"W_h has shape {self.W_h.shape}, expected ({self.patch_dim}, h) = "
+                f"(c_s·p_h·p_w, h) for c_s = {cs}, patch = {ph}×{pw}", term=str(self),
             )
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols, ``W_h`` and ``γ`` when it is a ``Scalar``."""
         out = super().symbols()
         if all(self.W_h is not o for o in out):
             out.append(self.W_h)
@@ -227,34 +262,38 @@ class PatchGaussianKernel(_GammaMixin, Term):
 
     @property
     def n_patches(self) -> int:
-        _, h, w = self.image_shape
-        return (h // self.patch) * (w // self.patch)
+        """Number of patches ``(C/c_s)·(H/p_h)·(W/p_w)``."""
+        c, h, w = self.image_shape
+        ph, pw = self.patch_hw
+        return (c // self.channel_split) * (h // ph) * (w // pw)
 
     def _wh(self, env: Env | None, like: torch.Tensor) -> torch.Tensor:
         return self.W_h.resolve(env).to(dtype=like.dtype, device=like.device)
 
     def patches(self, r: torch.Tensor) -> torch.Tensor:
-        """``(B, C·H·W) → (B, n_patches, C·patch²)`` (layout in the module docstring)."""
+        """``(B, C·H·W) → (B, n_patches, c_s·p_h·p_w)`` (layout in the module docstring)."""
         c, h, w = self.image_shape
-        p = self.patch
+        (ph, pw), cs = self.patch_hw, self.channel_split
         b = r.shape[0]
-        t = r.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
-        return t.reshape(b, self.n_patches, c * p * p)
+        t = r.reshape(b, c // cs, cs, h // ph, ph, w // pw, pw).permute(0, 1, 3, 5, 2, 4, 6)
+        return t.reshape(b, self.n_patches, self.patch_dim)
 
     def unpatch(self, g: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`patches` (scatter patches back to the flat image layout)."""
         c, h, w = self.image_shape
-        p = self.patch
+        (ph, pw), cs = self.patch_hw, self.channel_split
         b = g.shape[0]
-        t = g.reshape(b, h // p, w // p, c, p, p).permute(0, 3, 1, 4, 2, 5)
+        t = g.reshape(b, c // cs, h // ph, w // pw, cs, ph, pw).permute(0, 1, 4, 2, 5, 3, 6)
         return t.reshape(b, c * h * w)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``(1/(2γ)) Σ_i exp(−γ||r̃_i W_h||²)`` over the patches ``r̃_i`` of ``r``."""
         g = self.gamma_value(env)
         y = self.patches(us[0]) @ self._wh(env, us[0])
         return torch.exp(-g * (y * y).sum(dim=-1)).sum(dim=-1) / (2.0 * g)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """Patches ``−e^{−γ||r̃_i W_h||²} r̃_i W_h W_hᵀ`` scattered back (docs/theory.md §3 row 3)."""
         g = self.gamma_value(env)
         wh = self._wh(env, us[0])
         y = self.patches(us[0]) @ wh  # (B, P, h)
@@ -262,22 +301,32 @@ class PatchGaussianKernel(_GammaMixin, Term):
         return [self.unpatch(-e * (y @ wh.transpose(0, 1)))]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``||W_h||₂²`` (block-diagonal Hessian over disjoint patches)."""
         wh = self.W_h.resolve(env).detach().cpu().numpy().astype(np.float64)
         return [float(np.linalg.norm(wh, 2)) ** 2]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: the patch Gaussian kernel is neither convex nor concave."""
         return Curvature("unknown", reason=_REASON)
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: the kernel is not convex (local reference)."""
         self._refuse_export()
 
     def raw_latex(self) -> str:
+        """LaTeX of ``(1/(2γ))Σ_i exp(−γ||r̃_i W_h||²)`` (without the coefficient)."""
         g = self._gamma_str(True)
         two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
         r = single_arg(self).latex()
         return (f"\\frac{{1}}{{{two_g}}} \\sum_i e^{{-{g}\\|[{r}]_i\\, {self.W_h.latex()}\\|^2}}")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``(1/(2γ))Σ_i exp(−γ||r̃_i W_h||²)`` (without the coefficient)."""
         g = self._gamma_str(False)
         return (f"Σ_i exp(-{g}·||[{single_arg(self)}]_i {self.W_h.name}||²)/(2·{g})"
-                f" [{self.patch}×{self.patch} patches of {self.image_shape}]")
+                f" [{self._patch_text()} patches of {self.image_shape}]")
+
+    def _patch_text(self) -> str:
+        (ph, pw), cs = self.patch_hw, self.channel_split
+        chans = "" if cs == self.image_shape[0] else f"{cs}-channel "
+        return f"{chans}{ph}×{pw}"

@@ -1,4 +1,4 @@
-"""HSIC between the feature rows of a batch, Gaussian RBF kernels (MATH §4, loss-side).
+"""HSIC between the feature rows of a batch, Gaussian RBF kernels (docs/theory.md §4, loss-side).
 
 Definition.  The argument is carried as the flat batch ``U`` of shape ``(B, m)``; ``Z = Uᵀ`` is the
 ``m × B`` batch matrix and its row ``x_i = Z_i ∈ R^B`` holds feature ``i`` over the batch.  For each
@@ -62,6 +62,7 @@ class HSIC(Term):
         self.sigma_value(None)
 
     def check_shapes(self) -> None:
+        """At least 2 features (a ``ShapeError`` otherwise)."""
         require_states(self.args, str(self))
         if single_arg(self).size < 2:
             raise ShapeError(
@@ -70,12 +71,14 @@ class HSIC(Term):
             )
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and the RBF width ``σ`` when it is a ``Scalar``."""
         out = super().symbols()
         if isinstance(self.sigma_rbf, Scalar) and all(self.sigma_rbf is not o for o in out):
             out.append(self.sigma_rbf)
         return out
 
     def sigma_value(self, env: Env | None = None) -> float:
+        """The RBF width ``σ > 0`` at the current values (a ``ScaleError`` otherwise)."""
         s = self.sigma_rbf
         v = s.check(float(s.resolve(env)), term=str(self)) if isinstance(s, Scalar) else float(s)
         if not (math.isfinite(v) and v > 0):
@@ -102,11 +105,13 @@ class HSIC(Term):
         return total / (2.0 * (u.shape[0] - 1) ** 2)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_{i<j} HSIC_b(x_i, x_j)`` of the batch, shared equally by the ``B`` samples."""
         u = us[0]
         b = u.shape[0]
         return (self.batch_value(u, env) / b).expand(b)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """Gradient of the batch HSIC through the RBF Gram matrices (batch-coupled)."""
         u = us[0]
         x, k, sigma = self._grams(u, env)
         kc = _centre(k)
@@ -116,12 +121,15 @@ class HSIC(Term):
         return [gx.transpose(0, 1)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``inf``: no global Lipschitz bound is claimed."""
         return [math.inf]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: HSIC with RBF kernels is not convex (docs/theory.md §4)."""
         return Curvature("unknown", reason="HSIC with RBF kernels is not convex")
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: HSIC is not convex and couples the batch."""
         raise NotDCPError(
             "the HSIC term is not convex (and couples the samples of a batch), so it has no "
             "CVXPY (DCP) form", term=str(self),
@@ -135,9 +143,11 @@ class HSIC(Term):
         return f"{float(s):g}"
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ_{i<j} HSIC_b(x_i, x_j)`` (without the coefficient)."""
         z = single_arg(self).latex()
         return (f"\\sum_{{i<j}} \\mathrm{{HSIC}}_{{{self._sigma_str(True)}}}"
                 f"\\big(Z_i, Z_j\\big)\\Big|_{{Z = [{z}]_{{\\mathrm{{batch}}}}}}")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ_{i<j} HSIC_b(x_i, x_j)`` (without the coefficient)."""
         return f"Σ_i<j HSIC_σ={self._sigma_str(False)}(rows of batch {single_arg(self)})"

@@ -1,4 +1,4 @@
-"""Feature incay regularizer ``R(z) = 2 / (||z||² + 2ε)`` (MATH §4): smooth, NOT convex.
+"""Feature incay regularizer ``R(z) = 2 / (||z||² + 2ε)`` (docs/theory.md §4): smooth, NOT convex.
 
 Derivation (``s = ||u||²``, ``a = s + 2ε``):
 
@@ -43,6 +43,7 @@ class FeatureIncay(Term):
         self.eps_value(None)
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``−4u/(||u||² + 2ε)²`` (for derivations)."""
         u = self.args[0]
         e = self.eps.name if isinstance(self.eps, Scalar) else f"{self.eps:g}"
         if latex:
@@ -50,9 +51,11 @@ class FeatureIncay(Term):
         return [f"-4({u})/(||{u}||² + 2·{e})²"]
 
     def check_shapes(self) -> None:
+        """The argument must involve a state."""
         require_states(self.args, str(self))
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and ``ε`` when it is a ``Scalar``."""
         out = super().symbols()
         if isinstance(self.eps, Scalar) and all(self.eps is not o for o in out):
             out.append(self.eps)
@@ -68,18 +71,22 @@ class FeatureIncay(Term):
         return e
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``R(u) = 2/(||u||² + 2ε)`` per sample."""
         u = us[0]
         return 2.0 / ((u * u).sum(dim=-1) + 2.0 * self.eps_value(env))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇R(u) = −4u/(||u||² + 2ε)²`` (docs/theory.md §4: the step enlarges ``u``)."""
         u = us[0]
         a = (u * u).sum(dim=-1, keepdim=True) + 2.0 * self.eps_value(env)
         return [-4.0 * u / (a * a)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``1/ε²``, a bound on ``Lip(∇R)`` (the Hessian norm is largest at ``u = 0``: ``1/ε²``)."""
         return [1.0 / self.eps_value(env) ** 2]
 
     def raw_curvature(self) -> Curvature:
+        """Unknown: concave near ``u = 0``, convex along ``u`` far out (docs/theory.md §4)."""
         return Curvature(
             "unknown",
             reason="feature incay 2/(||z||²+2ε) is neither convex nor concave "
@@ -87,6 +94,7 @@ class FeatureIncay(Term):
         )
 
     def export(self, ctx: ExportContext) -> None:
+        """Refused with a ``NotDCPError``: feature incay is not convex (local reference)."""
         raise NotDCPError(
             "the feature incay term is not convex, so it has no CVXPY (DCP) form", term=str(self),
             hint="verify objectives with feature incay with the local reference (stationary "
@@ -99,11 +107,13 @@ class FeatureIncay(Term):
         return f"{float(self.eps):g}"
 
     def raw_latex(self) -> str:
+        """LaTeX of ``2/(||u||² + 2ε)`` (without the coefficient)."""
         e = self._eps_str(True)
         e = f"2 \\cdot {e}" if not isinstance(self.eps, Scalar) else f"2{e}"
         return f"\\frac{{2}}{{\\|{single_arg(self).latex()}\\|^2 + {e}}}"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``2/(||u||² + 2ε)`` (without the coefficient)."""
         e = self._eps_str(False)
         e = f"2·{e}" if not isinstance(self.eps, Scalar) else f"2{e}"
         return f"2/(||{single_arg(self)}||² + {e})"

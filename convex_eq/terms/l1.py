@@ -1,4 +1,4 @@
-"""The ℓ1 norm ``||u||₁`` and its conjugate, the indicator of an ℓ∞ ball (MATH §4).
+"""The ℓ1 norm ``||u||₁`` and its conjugate, the indicator of an ℓ∞ ball (docs/theory.md §4).
 
 Conjugate pair (for ``c > 0``): ``(c·||·||₁)*(y) = c·ι_{||·||∞≤1}(y/c) = ι_{||·||∞≤c}(y)``, so
 ``L1(u) * c`` conjugates to ``LinfBallIndicator(u, radius=c)`` and back.  Moreau's identity
@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import cvxpy as cp
 import torch
 
+from .._lazy import cvxpy as cp
 from ..errors import NotDCPError, ScaleError
 from ..export import ExportContext
 from ..symbols import Env, Scalar, Symbol
@@ -29,20 +29,27 @@ class L1(Term):
     smooth = False
     #: the prox acts coordinate-wise (used by rules that compose 1-D proxes)
     separable = True
+    #: ``∂(c|·|)(v)`` depends on ``sign(v)`` only: ``prox_{f + c|·|} = prox_f ∘ soft_c`` for
+    #: every 1-D convex ``f`` with ``prox_f`` sign-preserving (``prox_f(0) = 0``)
+    sign_subdifferential = True
 
     def __init__(self, u: Any):
         super().__init__(u)
 
     def check_shapes(self) -> None:
+        """The argument must involve a state."""
         require_states(self.args, str(self))
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``||u||₁ = Σ_j |u_j|`` per sample."""
         return us[0].abs().sum(dim=-1)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """Soft-thresholding ``prox_{t||·||₁}(v) = sign(v)·max(|v| − t, 0)``."""
         return torch.sign(v) * torch.clamp(v.abs() - t, min=0.0)
 
     def raw_curvature(self) -> Curvature:
+        """Convex: a norm."""
         return Curvature("convex", reason="a norm")
 
     def prox_text(self, arg: str, t: float, latex: bool = False) -> str:
@@ -64,6 +71,7 @@ class L1(Term):
         return LinfBallIndicator(single_arg(self), self.scale, scalars=self.scalars)
 
     def export(self, ctx: ExportContext) -> None:
+        """``c·norm1(u)`` for ``c ≥ 0`` (a negative multiple is concave: ``NotDCPError``)."""
         c = self.coef(ctx.env)
         if c < 0:
             raise NotDCPError("a negative multiple of the ℓ1 norm is concave", term=str(self),
@@ -71,9 +79,11 @@ class L1(Term):
         ctx.add(c * cp.norm1(ctx.expr(single_arg(self))), source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``||u||₁`` (without the coefficient)."""
         return f"\\big\\|{single_arg(self).latex()}\\big\\|_1"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``||u||₁`` (without the coefficient)."""
         return f"||{single_arg(self)}||₁"
 
 
@@ -105,9 +115,11 @@ class LinfBallIndicator(Term):
         self.radius_value(None)
 
     def check_shapes(self) -> None:
+        """The argument must involve a state."""
         require_states(self.args, str(self))
 
     def symbols(self) -> list[Symbol]:
+        """The argument's symbols and the radius' ``Scalar`` symbols."""
         out = super().symbols()
         for s in (self.radius, *self.radius_scalars):
             if isinstance(s, Scalar) and all(s is not o for o in out):
@@ -128,6 +140,7 @@ class LinfBallIndicator(Term):
         return r
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``ι_{||u||∞ ≤ r}(u)``: ``0`` inside the ball (up to rounding), ``+inf`` outside."""
         u = us[0]
         r = self.radius_value(env)
         slack = 8.0 * torch.finfo(u.dtype).eps * max(r, 1.0) if u.is_floating_point() else 0.0
@@ -136,10 +149,12 @@ class LinfBallIndicator(Term):
         return torch.where(inside, zero, torch.full_like(zero, math.inf))
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """Projection onto the ball: ``clamp(v, −r, r)`` for every step ``t``."""
         r = self.radius_value(env)
         return torch.clamp(v, -r, r)
 
     def raw_curvature(self) -> Curvature:
+        """Convex: the indicator of a convex set."""
         return Curvature("convex", reason="indicator of a convex set")
 
     def conjugate(self) -> Term:
@@ -174,8 +189,10 @@ class LinfBallIndicator(Term):
         return (" " if latex else "·").join(parts)
 
     def raw_latex(self) -> str:
+        """LaTeX of ``ι_{||u||∞ ≤ r}(u)`` (without the coefficient)."""
         return (f"\\iota\\big(\\|{single_arg(self).latex()}\\|_\\infty \\le "
                 f"{self._radius_str(True)}\\big)")
 
     def raw_str(self) -> str:
+        """Plain-text formula ``ι_{||u||∞ ≤ r}(u)`` (without the coefficient)."""
         return f"ι(||{single_arg(self)}||∞ ≤ {self._radius_str(False)})"

@@ -41,15 +41,18 @@ class MoreauEnvelope(Term):
 
     @property
     def state(self) -> Symbol:
+        """The state the envelope smooths (the inner objective's state)."""
         return self.inner.states[0]
 
     def mu_value(self, env: Env | None = None) -> float:
+        """The smoothing parameter ``μ > 0`` at the current values (a ``ScaleError`` otherwise)."""
         mu = scalar_value(self.mu, env)
         if not mu > 0 or not math.isfinite(mu):
             raise ScaleError(f"μ = {mu} must be finite and > 0", term=str(self))
         return mu
 
     def symbols(self) -> list[Symbol]:
+        """The inner objective's symbols and ``μ`` when it is a ``Scalar``."""
         out = list(self.inner.symbols)
         if isinstance(self.mu, Scalar) and all(self.mu is not s for s in out):
             out.append(self.mu)
@@ -58,9 +61,11 @@ class MoreauEnvelope(Term):
     # ---------------------------------------------------------------- numerics
     def inner_prox(self, v: torch.Tensor, t: float, values: dict, env: Env | None
                    ) -> torch.Tensor:
+        """``prox_{t f}(v)`` of the inner objective ``f`` (which may read the inputs ``values``)."""
         return self.inner.prox(v, t, values, env)
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
+        """``coef·M_f^μ(v) = coef·(f(p) + ||p − v||²/(2μ))`` with ``p = prox_{μf}(v)``."""
         mu = self.mu_value(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
@@ -69,6 +74,7 @@ class MoreauEnvelope(Term):
         return self.coef(env) * (fv + ((p - v) ** 2).sum(-1) / (2 * mu))
 
     def grad(self, values: dict, env: Env | None = None) -> dict[str, torch.Tensor]:
+        """``∇(coef·M_f^μ)(v) = coef·(v − prox_{μf}(v))/μ``."""
         mu = self.mu_value(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
@@ -90,6 +96,8 @@ class MoreauEnvelope(Term):
 
     @property
     def has_prox(self) -> bool:
+        """``True``: ``prox_{λM_f^μ}(x) = x + λ/(μ+λ)·(prox_{(μ+λ)f}(x) − x)`` (docs/theory.md §4
+        row 1)."""
         return True
 
     def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None,
@@ -103,6 +111,7 @@ class MoreauEnvelope(Term):
 
     # ---------------------------------------------------------------- structure
     def raw_curvature(self) -> Curvature:
+        """Convex with the inner objective's conditions when ``f`` is convex, else unknown."""
         cert = self.inner.certificate_structure()
         if cert.kind == "convex":
             return Curvature("convex", list(cert.conditions),
@@ -140,10 +149,12 @@ class MoreauEnvelope(Term):
         return self.mu.name if isinstance(self.mu, Scalar) else f"{self.mu:g}"
 
     def raw_latex(self) -> str:
+        """LaTeX of ``M_f^μ`` (without the coefficient)."""
         mu = self.mu.latex() if isinstance(self.mu, Scalar) else f"{self.mu:g}"
         return f"M^{{{mu}}}_{{{self.inner.latex()}}}({self.state.latex()})"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``M_f^μ`` (without the coefficient)."""
         return f"M^{self._mu_str()}[{self.inner}]({self.state.name})"
 
 

@@ -1,5 +1,5 @@
 """Activation terms: the potential ``Σ f_σ(u)`` (prox = σ), the antiderivative ``Σ σ̃(u)`` and
-its conjugate ``Σ σ̃*(u) = Σ f_σ(u) + ½||u||²`` (MATH §1)."""
+its conjugate ``Σ σ̃*(u) = Σ f_σ(u) + ½||u||²`` (docs/theory.md §1)."""
 
 from __future__ import annotations
 
@@ -44,29 +44,36 @@ class _ActivationTerm(Term):
 
 
 class Potential(_ActivationTerm):
-    """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (MATH §1)."""
+    """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (docs/theory.md §1)."""
 
     label = "activation potential"
     base_curvature = "convex"
 
     @property
     def smooth(self) -> bool:  # type: ignore[override]
+        """``True`` iff ``f_σ`` is finite with a Lipschitz gradient on ℝ (identity, leaky ReLU)."""
         return self.act.name in _SMOOTH_POTENTIAL_LIP
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j f_σ(u_j)`` per sample (``+inf`` outside the closed range of ``σ``)."""
         return self.act.potential(us[0]).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇f_σ(u) = σ⁻¹(u) − u`` on the interior of the domain (smooth potentials)."""
         return [self.act.potential_grad(us[0])]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """A bound on ``Lip(σ⁻¹ − id)`` where the activation has one, else ``inf``."""
         f = _SMOOTH_POTENTIAL_LIP.get(self.act.name)
         return [math.inf if f is None else f(self.act)]
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """``prox_{t f_σ}(v)``; for ``t = 1`` it is ``σ(v)`` (docs/theory.md §1)."""
         return self.act.prox(v, t)
 
     def strong_convexity(self) -> StrongConvexity | None:
+        """``c·f_σ`` is ``c(1/L_σ − 1)``-strongly convex (``f_σ + ½u²`` is ``1/L_σ``-strongly
+        convex)."""
         s = self.prox_state
         if s is None or self.coef_sign() < 0 or self.scalars:
             return None
@@ -74,11 +81,14 @@ class Potential(_ActivationTerm):
         return StrongConvexity(s, m) if m > 0 else None
 
     def conjugate(self) -> Term:
+        """``(c·Σf_σ)*(y) = c·Σf_σ*(y/c)`` (a ``PotentialConjugate``)."""
         if self.prox_state is None or self.scalars:
             return super().conjugate()
         return self.scale * PotentialConjugate(self.act, single_arg(self), self.scale)
 
     def export(self, ctx: ExportContext) -> None:
+        """``c·f_σ`` for ``c ≥ 0``: its ``−½u²`` part as a quadratic (cancels exactly), the rest
+        DCP."""
         c = self.coef(ctx.env)
         if c < 0:
             raise NotDCPError("negative multiple of a convex potential", term=str(self))
@@ -89,9 +99,11 @@ class Potential(_ActivationTerm):
         ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ f_σ(u)`` (without the coefficient)."""
         return f"\\sum_j f_{{{_sig(self.act)}}}\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ f_σ(u)`` (without the coefficient)."""
         return f"Σ f_{self.act.name}({self._arg_str()})"
 
 
@@ -107,19 +119,24 @@ class PotentialConjugate(_ActivationTerm):
         super().__init__(act, u)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j f_σ*(y_j/c)`` per sample."""
         return self.act.conjugate_potential(us[0] / self.c).sum(dim=-1)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
         # prox_{t·f*(·/c)}(v) = c·prox_{(t/c²) f*}(v/c)
+        """``prox_{t f*(·/c)}(v) = c·prox_{(t/c²) f*}(v/c)``."""
         return self.c * self.act.prox_conjugate(v / self.c, t / self.c**2)
 
     def conjugate(self) -> Term:
+        """``(c·Σf_σ*(·/c))* = c·Σf_σ`` (closed convex ``f_σ``)."""
         return Potential(self.act, single_arg(self)) * self.c
 
     def raw_latex(self) -> str:
+        """LaTeX of ``c·Σ f_σ*(y/c)`` (without the coefficient)."""
         return f"\\sum_j f_{{{_sig(self.act)}}}^*\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``c·Σ f_σ*(y/c)`` (without the coefficient)."""
         return f"Σ f*_{self.act.name}({self._arg_str()})"
 
 
@@ -131,21 +148,27 @@ class Antiderivative(_ActivationTerm):
     smooth = True
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j σ̃(u_j)``, ``σ̃(a) = ∫_0^a σ`` per sample."""
         return self.act.antiderivative(us[0]).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇σ̃(u) = σ(u)`` elementwise."""
         return [self.act.sigma(us[0])]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``L_σ``: ``σ`` is ``L_σ``-Lipschitz."""
         return [self.act.lipschitz]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``σ(u)`` (for derivations)."""
         u = single_arg(self)
         if latex:
             return [f"{_sig(self.act)}({u.latex()})"]
         return [f"{self.act.name}({u})"]
 
     def conjugate(self) -> Term:
+        """``(c·Σσ̃(u))* = c·Σσ̃*(·/c)`` on a state, or ``ψ*`` of ``s·Σσ̃(Mz + q)``
+        (docs/theory.md §2)."""
         from .conjugate import SeparableAffineConjugate
 
         if self.scalars or self.scale <= 0:
@@ -156,9 +179,11 @@ class Antiderivative(_ActivationTerm):
         return SeparableAffineConjugate.from_antiderivative(self)
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ σ̃(u)`` (without the coefficient)."""
         return f"\\sum_j \\widetilde{{{_sig(self.act)}}}\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ σ̃(u)`` (without the coefficient)."""
         return f"Σ ∫{self.act.name}({self._arg_str()})"
 
 
@@ -170,24 +195,35 @@ class AntiderivativeConjugate(_ActivationTerm):
     smooth = False
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_j σ̃*(u_j) = Σ_j f_σ(u_j) + ½||u||²`` per sample (docs/theory.md §1)."""
         return self.act.antiderivative_conjugate(us[0]).sum(dim=-1)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
         # prox_{t(f + ½u²)}(v) = prox_{t/(1+t) f}(v/(1+t))
+        """``prox_{t(f_σ + ½u²)}(v) = prox_{(t/(1+t)) f_σ}(v/(1+t))``."""
         return self.act.prox(v / (1.0 + t), t / (1.0 + t))
 
     def strong_convexity(self) -> StrongConvexity | None:
-        s = self.prox_state
-        if s is None or self.coef_sign() < 0 or self.scalars:
+        """``c·Σσ̃*`` is ``c/L_σ``-strongly convex (``σ̃`` has ``L_σ``-Lipschitz gradient); on
+        an argument ``u = Mz + q`` of one state that is ``(c/L_σ)·MᵀM`` in ``z``."""
+        if self.coef_sign() < 0 or self.scalars:
             return None
-        return StrongConvexity(s, self.scale / self.act.lipschitz)
+        s = self.prox_state
+        if s is not None:
+            return StrongConvexity(s, self.scale / self.act.lipschitz)
+        states = single_arg(self).states()
+        if len(states) != 1:
+            return None
+        return StrongConvexity(states[0], self.scale / self.act.lipschitz, arg=single_arg(self))
 
     def conjugate(self) -> Term:
+        """``(c·Σσ̃*(u))* = c·Σσ̃(·/c)`` (closed convex ``σ̃``)."""
         if self.prox_state is None or self.scalars:
             return super().conjugate()
         return self.scale * Antiderivative(self.act, single_arg(self) * (1 / self.scale))
 
     def export(self, ctx: ExportContext) -> None:
+        """``c·σ̃* = c·(f_σ + ½u²)``, ``c ≥ 0``: the DCP part of ``f_σ`` plus one quadratic."""
         c = self.coef(ctx.env)
         if c < 0:
             raise NotDCPError("negative multiple of a convex term", term=str(self))
@@ -197,9 +233,11 @@ class AntiderivativeConjugate(_ActivationTerm):
         ctx.add(c * expr if not _is_zero(expr) else None, cons, source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``Σ σ̃*(u)`` (without the coefficient)."""
         return f"\\sum_j \\tilde{{{_sig(self.act)}}}^*\\big({self._arg_latex()}\\big)"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``Σ σ̃*(u)`` (without the coefficient)."""
         return f"Σ (∫{self.act.name})*({self._arg_str()})"
 
 

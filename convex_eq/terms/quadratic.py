@@ -22,25 +22,32 @@ class SqNorm(Term):
     smooth = True
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``½||u||²`` per sample."""
         return 0.5 * (us[0] * us[0]).sum(dim=-1)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇(½||u||²) = u``."""
         return [us[0]]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``1``: the gradient is the identity."""
         return [1.0]
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
+        """``prox_{t·½||·||²}(v) = v/(1 + t)``."""
         return v / (1.0 + t)
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``u`` (for derivations)."""
         u = single_arg(self)
         return [u.latex() if latex else str(u)]
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        """One quadratic summand ``coef·½||u||²``."""
         return [QuadPart(self.coef(env), single_arg(self), None, str(self))]
 
     def conjugate(self) -> Term:
+        """``(c·½||u||²)* = (1/c)·½||y||²`` for ``c > 0``."""
         if self.prox_state is None or self.scalars or self.scale <= 0:
             return super().conjugate()
         return SqNorm(single_arg(self)) * (1.0 / self.scale)
@@ -49,9 +56,11 @@ class SqNorm(Term):
         """Nothing here: the quadratic part is exported through the collected PSD form."""
 
     def raw_latex(self) -> str:
+        """LaTeX of ``½||u||²`` (without the coefficient)."""
         return f"\\tfrac12\\big\\|{single_arg(self).latex()}\\big\\|^2"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``½||u||²`` (without the coefficient)."""
         return f"½||{single_arg(self)}||²"
 
 
@@ -70,31 +79,39 @@ class Linear(Term):
         super().__init__(w, u)
 
     def check_shapes(self) -> None:
+        """``w`` and ``u`` have the same size (a ``ShapeError`` otherwise)."""
         w, u = self.args
         if w.size != u.size:
             raise ShapeError(f"sizes differ: {w} has {w.size}, {u} has {u.size}",
                              term=f"<{w}, {u}>")
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``<w, u>`` per sample."""
         return batch_dot(us[0], us[1])
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇_u <w, u> = w`` and ``∇_w <w, u> = u``."""
         return [us[1], us[0]]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``0`` in the state: the gradient ``w`` does not depend on it."""
         return [0.0, 0.0]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
+        """Printable gradient ``w`` with respect to ``u`` (for derivations)."""
         w = self.args[0]
         return [None, w.latex() if latex else str(w)]
 
     def export(self, ctx: ExportContext) -> None:
+        """``coef·<w, u>`` as a linear term of the export."""
         ctx.add_linear(self.coef(ctx.env), self.args[0], self.args[1], source=str(self))
 
     def raw_latex(self) -> str:
+        """LaTeX of ``<w, u>`` (without the coefficient)."""
         return f"\\langle {self.args[0].latex()}, {self.args[1].latex()}\\rangle"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``<w, u>`` (without the coefficient)."""
         return f"<{self.args[0]}, {self.args[1]}>"
 
 
@@ -112,6 +129,7 @@ class QuadraticForm(Term):
         super().__init__(z)
 
     def check_shapes(self) -> None:
+        """``Q`` is square of the argument's size and symmetric (a ``ShapeError`` otherwise)."""
         u = single_arg(self)
         if self.Q.shape != (u.size, u.size):
             raise ShapeError(f"Q has shape {self.Q.shape}, argument {u} has size {u.size}",
@@ -124,16 +142,20 @@ class QuadraticForm(Term):
         return self.Q.resolve(env)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``½ uᵀQu`` per sample."""
         u = us[0]
         return 0.5 * batch_dot(u, u @ self._mat(env).to(u))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
+        """``∇(½ uᵀQu) = Qu`` (``Q`` symmetric)."""
         return [us[0] @ self._mat(env).to(us[0])]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
+        """``||Q||₂ = max_i |λ_i(Q)|``."""
         return [float(np.abs(np.linalg.eigvalsh(self._mat(env).detach().cpu().numpy())).max())]
 
     def raw_curvature(self) -> Curvature:
+        """Convex iff ``λ_min(Q) ≥ 0`` (a condition checked at the current weights)."""
         def eigmin(env: Env | None) -> float:
             return float(np.linalg.eigvalsh(self._mat(env).detach().cpu().numpy()).min())
 
@@ -142,6 +164,7 @@ class QuadraticForm(Term):
         return Curvature("convex", [cond])
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
+        """One quadratic summand ``coef·½<u, Qu>``."""
         from ..operators import Dense
 
         u = single_arg(self)
@@ -151,10 +174,12 @@ class QuadraticForm(Term):
         """Nothing here: exported through the collected PSD form."""
 
     def raw_latex(self) -> str:
+        """LaTeX of ``½ uᵀQu`` (without the coefficient)."""
         u = single_arg(self).latex()
         return f"\\tfrac12 ({u})^\\top {self.Q.latex()} ({u})"
 
     def raw_str(self) -> str:
+        """Plain-text formula ``½ uᵀQu`` (without the coefficient)."""
         u = single_arg(self)
         return f"½({u})ᵀ{self.Q.name}({u})"
 

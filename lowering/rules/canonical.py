@@ -1,34 +1,69 @@
-"""Canonical stationarity form (MATH §3): ``G = Σ_b 1ᵀf_{σ_b}(z_b) + ½||z||² - S(z)``
-⇒ ``0 ∈ ∂f_σ(z) + z - ∇S(z)`` ⇔ ``z_b = σ_b(∇_b S(z))`` (forward–backward with unit step)."""
+"""Canonical stationarity form (docs/theory.md §3): ``G = Σ_b 1ᵀf_{σ_b}(z_b) + ½||z||² - S(z)``
+⇒ ``0 ∈ ∂f_σ(z) + z - ∇S(z)`` ⇔ ``z_b = σ_b(∇_b S(z))`` (forward–backward with unit step).
+
+A separable prox-able term ``g`` on a block joins the potential when ``prox_{f_σ + g}`` composes
+in closed form, ``prox_{f_σ + g} = σ ∘ prox_g``:
+
+* ``f_σ`` the indicator of an interval (ReLU, hard-tanh, clamp, identity): any 1-D convex ``g``;
+* ``g = c|·|`` (``∂g`` depends on the sign only) and ``σ(0) = 0``: with ``w = soft_c(v)`` and
+  ``u = σ(w)``, ``v − u ∈ c∂|w| + ∂f_σ(u) ⊆ c∂|u| + ∂f_σ(u)`` because ``σ`` is nondecreasing
+  with ``σ(0) = 0`` (so ``u`` has the sign of ``w`` or is 0); hence ``u = prox_{f_σ + c|·|}(v)``.
+  ``σ(0) = 0`` is also necessary: at ``v = 0`` the formula gives ``σ(0)``, the prox gives 0."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from convex_eq.activations.base import Activation
 from convex_eq.objective import Objective
 from convex_eq.terms.base import Term
 from convex_eq.terms.potential import Potential
-from convex_eq.terms.potential import act_latex as _sig
 from convex_eq.terms.quadratic import SqNorm
 
 from ..derived import DerivedLayer
 from ..nodes import GradSum, Prox, Sigma, Var
-from ..trace import Claim, Contraction, Derivation, Step
+from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
+from .base import LowerContext, Match, Payload
 from .common import certificate, claim_from_certificate, proxable, sum_lip_text
 
 
-@dataclass
-class CanonicalMatch:
+@dataclass(frozen=True)
+class CanonicalMatch(Match):
     potentials: dict[str, Potential]
     unit_sq: dict[str, SqNorm]
-    rest: list[Term]
+    rest: tuple[Term, ...]
     extra_prox: dict[str, Term] = field(default_factory=dict)
 
 
-def _interval_potential(p: Potential) -> bool:
+@dataclass(frozen=True)
+class CanonicalPayload(Payload):
+    S_terms: tuple[Term, ...]
+    potentials: dict[str, Potential]
+
+
+def _interval_potential(act: Activation) -> bool:
     """f_σ is the indicator of an interval (or 0): σ is the projection onto it."""
-    return p.act.name in ("relu", "hardtanh", "clamp", "identity")
+    return act.name in ("relu", "hardtanh", "clamp", "identity")
+
+
+def _fixes_zero(act: Activation) -> bool:
+    """``σ(0) = 0`` (exactly, up to float rounding of the activation's own formula)."""
+    return abs(float(act.sigma(torch.zeros(1, dtype=torch.float64))[0])) <= 1e-12
+
+
+def composes(act: Activation, g: Term) -> str:
+    """Why ``prox_{f_σ + g} = σ ∘ prox_g`` holds ("" if it does not)."""
+    if _interval_potential(act):
+        return (f"f_σ is the indicator of an interval ({act.name}) and {g} is separable: in 1-D, "
+                "prox_{ι_I + g} = proj_I ∘ prox_g")
+    if getattr(g, "sign_subdifferential", False) and _fixes_zero(act):
+        return (f"{g} = c|·| coordinate-wise (∂g depends on the sign only) and σ = {act.name} "
+                "is nondecreasing with σ(0) = 0, so σ keeps the sign of soft_c(v): "
+                "prox_{f_σ + c|·|} = σ ∘ soft_c")
+    return ""
 
 
 def _separable_prox(t: Term) -> bool:
@@ -64,70 +99,79 @@ def match(obj: Any) -> CanonicalMatch | None:
     for t in rest:
         s = t.prox_state
         if not _differentiable(t) and s is not None and _separable_prox(t) \
-                and _interval_potential(pots[s.name]) and s.name not in extra:
+                and s.name not in extra and composes(pots[s.name].act, t):
             extra[s.name] = t
         else:
             smooth_rest.append(t)
     if not all(_differentiable(t) for t in smooth_rest):
         return None
-    return CanonicalMatch(pots, sqs, smooth_rest, extra)
+    return CanonicalMatch(obj, pots, sqs, tuple(smooth_rest), extra)
 
 
-def lower(m: CanonicalMatch, obj: Objective) -> DerivedLayer:
+def lower(m: CanonicalMatch) -> DerivedLayer:
+    obj = m.objective
     blocks = obj.states
     nodes = {}
-    d = Derivation()
-    s_obj = Objective([-t for t in m.rest], name="S") if m.rest else None
-    s_text = str(s_obj) if s_obj is not None else "0"
+    rest = list(m.rest)
+    s_obj = Objective([-t for t in rest], name="S") if rest else None
     acts = ", ".join(f"σ_{b.name} = {m.potentials[b.name].act.name}" for b in blocks)
-    d.add(Step(
+    steps = [Step(
         "canonical form G = Σ f_σ(z) + ½||z||² − S(z)",
         f"{acts} nondecreasing and 1-Lipschitz (f_σ convex, prox_{{f_σ}} = σ); "
         "S differentiable (gradient rules of its terms)",
-        f"G = {obj}", f"S(z) = {s_text}", obj.latex(),
-        f"S(z) = {s_obj.latex() if s_obj is not None else '0'}",
-    ))
+        ("G = ", obj), ("S(z) = ", s_obj if s_obj is not None else "0"),
+    )]
     for b in blocks:
-        grad = GradSum(m.rest, b, sign=-1.0)
+        grad = GradSum(rest, b, sign=-1.0)
         act = m.potentials[b.name].act
         g = m.extra_prox.get(b.name)
         nodes[b.name] = Sigma(act, grad if g is None else Prox(g, grad))
         if g is not None:
-            d.add(Step(
-                "separable prox with an interval potential",
-                f"f_σ is the indicator of an interval ({act.name}) and {g} is separable with a "
-                "closed-form prox: in 1-D, prox_{ι_I + g} = proj_I ∘ prox_g",
-                f"prox_{{f_{act.name} + {g}}}(v)", f"{act.name}({Prox(g, Var(b)).text()})",
-                f"\\mathrm{{prox}}_{{f + {g.latex()}}}(v)",
-                f"{_sig(act)}\\big({Prox(g, Var(b)).latex()}\\big)",
+            steps.append(Step(
+                "separable prox composed with the potential",
+                composes(act, g),
+                ("prox_{f_σ + ", g, "}(v)"), ("σ(", Prox(g, Var(b)), ")"),
                 note=f"exact: fixed points are stationary points of G including {g} "
                      "(no envelope)",
             ))
-        d.add(Step(
+        steps.append(Step(
             "stationarity ⇔ fixed point (forward–backward, unit step)",
             "0 ∈ ∂f_σ(z) + z − ∇S(z) ⇔ z = prox_{f_σ}(∇S(z)) = σ(∇S(z))",
-            f"0 ∈ ∂f_{act.name}({b.name}) + {b.name} − ∇_{b.name}S(z)",
-            f"{b.name} = {nodes[b.name].text()}",
-            f"0 \\in \\partial f_{{{_sig(act)}}}({b.latex()}) + {b.latex()} - "
-            f"\\nabla_{{{b.latex()}}} S(z)",
-            f"{b.latex()} = {nodes[b.name].latex()}",
+            ("0 ∈ ∂f_σ(", b, ") + ", b, " − ∇_", b, "S(z)"), (b, " = ", nodes[b.name]),
             note="∇S assembled from the terms' own gradient rules",
         ))
     cert = certificate(obj)
-    nonsmooth = [t for t in m.rest if not t.smooth]
-    claim = claim_from_certificate(obj, cert, f"minimizer of G = {obj}")
-    if nonsmooth and claim.kind != "minimizer":
-        claim = Claim("stationary point",
+    nonsmooth = [t for t in rest if not t.smooth]
+    claim = claim_from_certificate(obj, cert, f"minimizer of G = {obj}",
+                                   latex=f"\\text{{%s of }} {obj.latex()}")
+    if nonsmooth and claim.kind != ClaimKind.MINIMIZER:
+        claim = Claim(ClaimKind.STATIONARY,
                       f"stationary point of G = {obj} (a.e. gradient of "
                       f"{', '.join(t.label for t in nonsmooth)}; not convex: {cert.reason})",
+                      f"\\text{{stationary point of }} {obj.latex()}",
                       objective_text=str(obj))
-    claim.latex = f"\\text{{{claim.kind} of }} {obj.latex()}"
     l_sig = max(m.potentials[b.name].act.lipschitz for b in blocks)
     contraction = Contraction(
-        f"L_σ·Lip(∇S) = {l_sig:g}·({sum_lip_text(m.rest)})",
+        f"L_σ·Lip(∇S) = {l_sig:g}·({sum_lip_text(rest)})",
         "L_\\sigma \\cdot \\mathrm{Lip}(\\nabla S)",
-        lambda env, r=m.rest, ls=l_sig: ls * sum(t.grad_lipschitz(env) for t in r),
+        lambda env, r=rest, ls=l_sig: ls * sum(t.grad_lipschitz(env) for t in r),
     )
-    return DerivedLayer(source=obj, blocks=list(blocks), nodes=nodes, derivation=d, claim=claim,
+    return DerivedLayer(source=obj, blocks=list(blocks), nodes=nodes,
+                        derivation=Derivation(tuple(steps)), claim=claim,
                         contraction=contraction, is_prox=False, certificate=cert,
-                        info={"S_terms": m.rest, "potentials": m.potentials})
+                        payload=CanonicalPayload(m.rest, m.potentials))
+
+
+class Canonical:
+    """``Σf_σ(z) + ½||z||² − S(z)`` ⇒ ``z = σ(∇S(z))`` (a composable separable prox joins σ)."""
+
+    name = "canonical"
+
+    def match(self, objective: Any) -> CanonicalMatch | None:
+        return match(objective)
+
+    def lower(self, m: CanonicalMatch, ctx: LowerContext) -> DerivedLayer:
+        return lower(m)
+
+
+RULE = Canonical()

@@ -9,19 +9,22 @@ from convex_eq.symbols import Env
 from convex_eq.terms.base import Term
 from convex_eq.terms.quadratic import SqNorm
 
-from ..trace import Claim
+from ..trace import Claim, ClaimKind
 
 
-def claim_from_certificate(obj: Any, cert: Certificate, what: str, kind_if_convex: str = "minimizer"
+def claim_from_certificate(obj: Any, cert: Certificate, what: str,
+                           kind_if_convex: ClaimKind = ClaimKind.MINIMIZER, latex: str = ""
                            ) -> Claim:
-    """"minimizer of G" when certified convex (with its condition), else "stationary point"."""
-    if cert.kind == "convex":
-        return Claim(kind_if_convex, f"{what}", objective_text=str(obj))
-    if cert.kind == "conditional":
-        conds = [c.text for c in cert.conditions]
-        return Claim(kind_if_convex, f"{what}", objective_text=str(obj), conditions=conds)
-    return Claim("stationary point", f"{what.replace('minimizer', 'stationary point')} "
-                 f"(not convex: {cert.reason})", objective_text=str(obj))
+    """"minimizer of G" when certified convex (with its condition), else "stationary point";
+    ``latex`` may hold one ``%s`` for the claim kind."""
+    if cert.kind == "nonconvex":
+        kind = ClaimKind.STATIONARY
+        what = (f"{what.replace('minimizer', 'stationary point')} (not convex: {cert.reason})")
+    else:
+        kind = kind_if_convex
+    conds = tuple(c.text for c in cert.conditions) if cert.kind == "conditional" else ()
+    return Claim(kind, what, latex.replace("%s", str(kind)), objective_text=str(obj),
+                 conditions=conds)
 
 
 def proxable(t: Term) -> bool:

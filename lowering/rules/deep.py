@@ -1,49 +1,84 @@
-"""Deep composition (MATH §5): ``T = f_L∘…∘f_1``, ``f_l = α prox_{φ_l} + (1-α) id``, and its
-multi-block form (Lemma 3); claims: Corollary 1 (L = 2) or the Theorem 2 inclusion (L ≥ 3)."""
+"""Deep composition (docs/theory.md §5): ``T = f_L∘…∘f_1``, ``f_l = α prox_{φ_l} + (1-α) id``, and
+its multi-block form (Lemma 3); claims: Corollary 1 (L = 2) or the Theorem 2 inclusion (L ≥ 3).
+
+``lower(comp, deep_form=…)`` returns a layer whose ``T(**blocks)`` gives, for
+``"composition"``, the single block ``z_0`` (a tensor/array), and for ``"multiblock"`` every block
+``z_1, …, z_{L-1}, z_0`` (a dict by name, like any multi-block layer)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from convex_eq.certificate import Certificate
 from convex_eq.composition import DeepComposition
 from convex_eq.errors import LoweringError, OptionError
+from convex_eq.terms.base import Condition
 
 from ..derived import DerivedLayer
-from ..nodes import Combo, Named, Substitute, Var
-from ..trace import Claim, Contraction, Derivation, Step
+from ..nodes import Combo, Named, Node, Substitute, Var
+from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
+from .base import LowerContext, Match, Payload
 
 FORMS = ("composition", "multiblock")
 
 
-def match(obj: Any) -> DeepComposition | None:
-    return obj if isinstance(obj, DeepComposition) else None
+@dataclass(frozen=True)
+class DeepPayload(Payload):
+    form: str
+    alpha: float
+    conditions: tuple[Condition, ...]
+    layer_nodes: tuple[Node, ...]
+    layers: tuple[DerivedLayer, ...]
 
 
-def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
-          form: str = "composition") -> DerivedLayer:
+def match(obj: Any) -> Match | None:
+    return Match(obj) if isinstance(obj, DeepComposition) else None
+
+
+def layers_certificate(layers: list[DerivedLayer]) -> Certificate:
+    """Every ``φ_l`` convex: the conjunction of the layers' own conditions, each naming the
+    layer's weights (``||W_l||₂ ≤ …``)."""
+    conds: list[Condition] = []
+    for inner in layers:
+        for c in inner.certificate.conditions if inner.certificate is not None else []:
+            if all(c.text != o.text for o in conds):
+                conds.append(c)
+    if any(inner.certificate is None or inner.certificate.kind == "nonconvex"
+           for inner in layers):
+        bad = [str(inner.source) for inner in layers
+               if inner.certificate is None or inner.certificate.kind == "nonconvex"]
+        return Certificate("nonconvex", holds=False, nonconvex_terms=bad,
+                           reason="layer objective(s) " + "; ".join(bad) + " not convex")
+    if not conds:
+        return Certificate("convex")
+    return Certificate("conditional", conds, [c.value(None) for c in conds],
+                       all(c.holds(None) for c in conds))
+
+
+def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
+    comp: DeepComposition = m.objective
+    form = ctx.deep_form
     if form not in FORMS:
         raise OptionError(f"unknown deep form {form!r}", term="lower", hint=f"use one of {FORMS}")
     a = comp.alpha_value()
     blocks = comp.blocks
-    d = Derivation()
-    layer_nodes, lips, conds, cond_objs = [], [], [], []
+    steps: list[Step] = []
+    layer_nodes, inners = [], []
     for i, phi in enumerate(comp.layers):
-        inner = lower_inner(phi)
+        inner = ctx.lower(phi)
         if not inner.is_prox:
             raise LoweringError(f"layer {i + 1} does not lower to prox_φ", term=str(phi),
                                 hint="deep OptEq layers are φ_l = ψ_l* − ½||·||² (Theorem 1)")
+        inners.append(inner)
         b = blocks[i]
         f = Combo([(a, inner.nodes[b.name]), (1 - a, Var(b))]) if a != 1.0 else inner.nodes[b.name]
         layer_nodes.append(f)
-        lips.append(inner.contraction)
-        conds += [c.text for c in inner.certificate.conditions] if inner.certificate else []
-        cond_objs += list(inner.certificate.conditions) if inner.certificate else []
-        d.add(Step(f"layer {i + 1}: Theorem 1 + skip connection (α = {a:g})",
-                   "; ".join(c.text for c in inner.certificate.conditions) or "none",
-                   f"φ_{i + 1}({b.name}) = {phi}", f"f_{i + 1}({b.name}) = {f.text()}",
-                   phi.latex(), f"f_{{{i + 1}}}({b.latex()}) = {f.latex()}",
-                   note=f"f_{i + 1} = prox of α M^{{1-α}}[φ_{i + 1}]"))
+        conds = inner.certificate.conditions if inner.certificate else []
+        steps.append(Step(f"layer {i + 1}: Theorem 1 + skip connection (α = {a:g})",
+                          "; ".join(c.text for c in conds) or "none",
+                          (f"φ_{i + 1}(", b, ") = ", phi), (f"f_{i + 1}(", b, ") = ", f),
+                          note=f"f_{i + 1} = prox of α M^{{1-α}}[φ_{i + 1}]"))
     L = comp.L
     nodes: dict[str, Any] = {}
     if form == "composition":
@@ -54,9 +89,8 @@ def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
                         cur)
         nodes[z0.name] = cur
         out_blocks = [z0]
-        d.add(Step("deep composition", "each f_l averaged/nonexpansive",
-                   "T = f_L ∘ … ∘ f_1", f"{z0.name} ← {cur.text()}",
-                   comp.latex(), f"{z0.latex()} \\leftarrow {cur.latex()}"))
+        steps.append(Step("deep composition", "each f_l averaged/nonexpansive",
+                          ("T = f_L ∘ … ∘ f_1"), (z0, " ← ", cur)))
     else:
         for i in range(L):
             prev = blocks[i - 1]
@@ -64,21 +98,22 @@ def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
                                           Substitute(layer_nodes[i], blocks[i], Var(prev)),
                                           Var(prev))
         out_blocks = list(blocks)
-        d.add(Step("multi-block form (Lemma 3)",
-                   "z̃ = (z_1, …, z_{L-1}, z_0); cyclic block permutation P",
-                   "T = f_L ∘ … ∘ f_1",
-                   "; ".join(f"{blocks[i].name} ← f_{i + 1}({blocks[i - 1].name})"
-                             for i in range(L)),
-                   comp.latex(), "\\tilde z \\leftarrow F(P\\tilde z)"))
-    hyp = [*sorted(set(conds)), "L_σ = 1"]
+        steps.append(Step("multi-block form (Lemma 3)",
+                          "z̃ = (z_1, …, z_{L-1}, z_0); cyclic block permutation P",
+                          "T = f_L ∘ … ∘ f_1",
+                          "; ".join(f"{blocks[i].name} ← f_{i + 1}({blocks[i - 1].name})"
+                                    for i in range(L))))
+    cert = layers_certificate(inners)
+    hyp = (*(c.text for c in cert.conditions), "L_σ = 1")
     if L == 2 and a < 1:
         obj = comp.corollary1_objective()
-        claim = Claim("minimizer", f"(z_1, z_0) minimizes {obj} (Corollary 1)",
+        claim = Claim(ClaimKind.MINIMIZER, f"(z_1, z_0) minimizes {obj} (Corollary 1)",
                       obj.latex(), str(obj), hyp)
     else:
-        claim = Claim("inclusion", "0 ∈ ∂Φ(z̃) + (I − P)z̃, Φ(z̃) = Σ_i α M^{1-α}[φ_i](z_i) "
+        claim = Claim(ClaimKind.INCLUSION, "0 ∈ ∂Φ(z̃) + (I − P)z̃, Φ(z̃) = Σ_i α M^{1-α}[φ_i](z_i) "
                       "(Theorem 2)", "0 \\in \\partial\\Phi(\\tilde z) + (I - P)\\tilde z",
                       "", hyp)
+    lips = [inner.contraction for inner in inners]
     if form == "composition":
         contraction = Contraction(
             "Π_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\prod_l (\\alpha L_l + 1 - \\alpha)",
@@ -91,10 +126,26 @@ def lower(comp: DeepComposition, lower_inner: Callable[..., DerivedLayer],
             "max_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\max_l (\\alpha L_l + 1 - \\alpha)",
             lambda env, ls=lips, a=a: max(a * lc.value(env) + 1 - a for lc in ls),
         )
-    return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes, derivation=d, claim=claim,
-                        contraction=contraction,
-                        info={"form": form, "alpha": a, "conditions": cond_objs,
-                              "layer_nodes": layer_nodes})
+    return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes,
+                        derivation=Derivation(tuple(steps)), claim=claim,
+                        contraction=contraction, certificate=cert,
+                        payload=DeepPayload(form, a, tuple(cert.conditions), tuple(layer_nodes),
+                                            tuple(inners)))
+
+
+class Deep:
+    """``f_L∘…∘f_1`` of Theorem-1 layers with skip ``α`` (or its multi-block form)."""
+
+    name = "deep"
+
+    def match(self, objective: Any) -> Match | None:
+        return match(objective)
+
+    def lower(self, m: Match, ctx: LowerContext) -> DerivedLayer:
+        return lower(m, ctx)
+
+
+RULE = Deep()
 
 
 def _prod(xs: list[float]) -> float:

@@ -1,10 +1,10 @@
-"""Moreau envelope → skip connection (MATH §4):
+"""Moreau envelope → skip connection (docs/theory.md §4):
 ``prox_{λM_φ^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)φ}(x) - x)``; with ``λ = α``, ``μ = 1-α``:
 ``α prox_φ(x) + (1-α) x``, same fixed points as ``prox_φ``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from convex_eq.errors import LoweringError
@@ -13,20 +13,32 @@ from convex_eq.terms.moreau import MoreauEnvelope
 
 from ..derived import DerivedLayer
 from ..nodes import Combo, Prox, Var
-from ..trace import Claim, Contraction, Step
-from .common import no_prox
+from ..trace import Claim, Contraction, Derivation, Step
+from .base import LowerContext, Match, Payload
+from .common import certificate, claim_from_certificate, envelope_problem, no_prox
 
 
-def match(obj: Any) -> MoreauEnvelope | None:
+@dataclass(frozen=True)
+class SkipMatch(Match):
+    envelope: MoreauEnvelope
+
+
+@dataclass(frozen=True)
+class SkipPayload(Payload):
+    inner: DerivedLayer | None
+    alpha: float
+
+
+def match(obj: Any) -> SkipMatch | None:
     """A single Moreau-envelope term ``λ·M_φ^μ``."""
     if isinstance(obj, Objective) and len(obj.terms) == 1 and isinstance(obj.terms[0],
                                                                          MoreauEnvelope):
-        return obj.terms[0]
+        return SkipMatch(obj, obj.terms[0])
     return None
 
 
-def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., DerivedLayer]
-          ) -> DerivedLayer:
+def lower(m: SkipMatch, ctx: LowerContext) -> DerivedLayer:
+    env_term, obj = m.envelope, m.objective
     lam = env_term.coef(None)
     mu = env_term.mu_value(None)
     if lam <= 0:
@@ -34,7 +46,7 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
     z = env_term.state
     t_sum = mu + lam
     if abs(t_sum - 1.0) <= 1e-12:
-        inner = lower_inner(env_term.inner)
+        inner = ctx.lower(env_term.inner)
         if len(inner.blocks) != 1:
             raise LoweringError("Moreau skip rule needs a single-block inner layer",
                                 term=str(env_term))
@@ -52,15 +64,11 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
         exact = True
     a = lam / t_sum
     node = Combo([(a, base), (1.0 - a, Var(z))])
-    d = inner.derivation if inner is not None else None
-    from ..trace import Derivation
-
-    d = d or Derivation()
-    d.add(Step(
+    d = inner.derivation if inner is not None else Derivation()
+    d = d.then(Step(
         "Moreau envelope → skip connection",
         f"λ = {lam:g}, μ = {mu:g}: prox_{{λM_φ^μ}}(x) = x + λ/(μ+λ)(prox_{{(μ+λ)φ}}(x) − x)",
-        f"{env_term}", f"{z.name} ← {node.text()}", env_term.latex(),
-        f"{z.latex()} \\leftarrow {node.latex()}",
+        env_term, (z, " ← ", node),
         note="same fixed points as prox_φ (minimizers of M_φ = minimizers of φ)"
         + ("" if exact else "; inner layer is not prox_φ, so the layer is an averaged "
            "version of it (fixed points preserved) but not prox_{λM_φ^μ}"),
@@ -68,21 +76,61 @@ def lower(env_term: MoreauEnvelope, obj: Objective, lower_inner: Callable[..., D
     if inner is not None:
         claim = Claim(inner.claim.kind, f"{inner.claim.statement}; unchanged by the envelope edit "
                       f"(Fix(aT + (1-a)I) = Fix T)", inner.claim.latex,
-                      inner.claim.objective_text, list(inner.claim.conditions))
+                      inner.claim.objective_text, inner.claim.conditions)
         base_lip = inner.contraction
         contraction = Contraction(f"{a:g}·({base_lip.formula}) + {1 - a:g}",
                                   f"{a:g}\\,({base_lip.latex}) + {1 - a:g}",
                                   lambda env, b=base_lip, a=a: a * b.value(env) + (1 - a))
         cert = inner.certificate
     else:
-        from .common import certificate, claim_from_certificate
-
         cert = certificate(env_term.inner)
         claim = claim_from_certificate(obj, cert, f"minimizer of {env_term.inner}")
         contraction = _general_contraction(env_term, a, t_sum)
     return DerivedLayer(source=obj, blocks=[z], nodes={z.name: node}, derivation=d, claim=claim,
                         contraction=contraction, is_prox=exact, certificate=cert,
-                        info={"inner": inner, "alpha": a})
+                        payload=SkipPayload(inner, a))
+
+
+class MoreauSkip:
+    """``λM_φ^μ`` ⇒ ``z = λ/(μ+λ)·prox_{(μ+λ)φ}(z) + μ/(μ+λ)·z`` (a skip connection)."""
+
+    name = "moreau-skip"
+
+    def match(self, objective: Any) -> SkipMatch | None:
+        return match(objective)
+
+    def lower(self, m: SkipMatch, ctx: LowerContext) -> DerivedLayer:
+        return lower(m, ctx)
+
+
+@dataclass(frozen=True)
+class EnvelopeMatch(Match):
+    why: str
+    term: Any
+
+
+class EnvelopeGuard:
+    """Refuses an objective with an envelope term whose gradient ``(v − prox_{μφ}(v))/μ`` has
+    no closed form (other envelopes enter ``T`` through that gradient)."""
+
+    name = "envelope-guard"
+
+    def match(self, objective: Any) -> EnvelopeMatch | None:
+        if not isinstance(objective, Objective):
+            return None
+        for t in objective.terms:
+            why = envelope_problem(t)
+            if why:
+                return EnvelopeMatch(objective, why, t)
+        return None
+
+    def lower(self, m: EnvelopeMatch, ctx: LowerContext) -> DerivedLayer:
+        raise LoweringError(m.why, term=str(m.term), hint="φ must be one prox-able term plus "
+                            "squared-norm and linear terms (with 1 + μ·a > 0)")
+
+
+RULE = MoreauSkip()
+GUARD = EnvelopeGuard()
 
 
 def _general_contraction(env_term: MoreauEnvelope, a: float, t: float) -> Contraction:

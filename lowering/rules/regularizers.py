@@ -1,4 +1,4 @@
-"""Regularizer edits of a prox layer (MATH §4, Theorem 4 of the TPAMI paper).
+"""Regularizer edits of a prox layer (docs/theory.md §4, Theorem 4 of the TPAMI paper).
 
 * gradient variant, ``R`` smooth: ``T(z) = prox_φ(z - γ∇R(z))``; fixed points = stationary points
   of ``φ + γR`` (minimizers when it is convex) — exact.
@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from convex_eq.errors import LoweringError, OptionError
 from convex_eq.objective import Objective
 from convex_eq.terms.base import Term
@@ -17,10 +20,22 @@ from convex_eq.terms.moreau import MoreauEnvelope
 
 from ..derived import DerivedLayer
 from ..nodes import Combo, GradSum, Prox, Substitute, Var
-from ..trace import Claim, Contraction, Step
+from ..trace import Claim, ClaimKind, Contraction, Step
+from .base import Payload
 from .common import certificate, envelope_problem, proxable
 
 VARIANTS = ("auto", "prox", "gradient")
+
+
+@dataclass(frozen=True)
+class EditPayload(Payload):
+    """A regularizer-edited prox layer: the unedited ``base`` and the variant used."""
+
+    base: DerivedLayer
+    variant: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.base.info, "base": self.base, "variant": self.variant}
 
 
 def _is_regularizer_on(t: Term, z: object) -> bool:
@@ -28,7 +43,8 @@ def _is_regularizer_on(t: Term, z: object) -> bool:
 
 
 def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLayer:
-    """Apply ``φ → φ + γR`` edits to a prox layer ``base`` (``T_φ = prox_φ``)."""
+    """Apply ``φ → φ + γR`` edits to a prox layer ``base`` (``T_φ = prox_φ``); ``base`` is
+    left unchanged (the edited layer gets a new derivation)."""
     if variant not in VARIANTS:
         raise OptionError(f"unknown regularizer variant {variant!r}", term="lower",
                           hint=f"use one of {VARIANTS}")
@@ -46,7 +62,7 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
             raise LoweringError(
                 "prox variant requested but the term has no closed-form prox (or a non-positive "
                 f"coefficient){': ' + env_why if env_why else ''}", term=str(r),
-                hint="use variant='gradient' (needs a smooth term) or a term with a prox",
+                hint="use regularizer='gradient' (needs a smooth term) or a term with a prox",
             )
         if use_prox:
             prox_regs.append(r)
@@ -61,7 +77,8 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
         raise LoweringError(
             "at most one prox-variant regularizer edit can keep an exact claim",
             term=", ".join(str(r) for r in prox_regs),
-            hint="use variant='gradient' for the smooth ones",
+            hint="pass regularizer='gradient' to lower() (the smooth ones then enter as "
+                 "gradient steps), or keep one prox-able regularizer",
         )
     phi = base.source
     node = base.nodes[z.name]
@@ -75,12 +92,10 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
         inner = step
         rs = " + ".join(str(r) for r in grad_regs)
         new_obj = Objective([*phi.terms, *grad_regs], name="phi+R")
-        d.add(Step(
+        d = d.then(Step(
             "regularizer edit, gradient variant (Theorem 4)",
             f"{rs} differentiable (gradient rule of the term)",
-            f"φ → φ + {rs}", f"z ← prox_φ({step.text()})",
-            f"\\varphi \\to \\varphi + {' + '.join(r.latex() for r in grad_regs)}",
-            f"z \\leftarrow \\mathrm{{prox}}_\\varphi\\big({step.latex()}\\big)",
+            ("φ → φ + ", *_joined(grad_regs)), ("z ← prox_φ(", step, ")"),
             note="fixed points are exactly the stationary points of φ + γR",
         ))
         modified_text, modified_latex = str(new_obj), new_obj.latex()
@@ -98,12 +113,10 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
             inner = Prox(r, inner)
             note = (f"fixed points are minimizers of φ + M^1[{r}] (its Moreau envelope), "
                     f"NOT of φ + {r}")
-        d.add(Step(
+        d = d.then(Step(
             "regularizer edit, prox variant (Theorem 4)",
             f"{r} has a closed-form prox",
-            f"φ → φ + {r}", f"z ← prox_φ({inner.text()})",
-            f"\\varphi \\to \\varphi + {r.latex()}",
-            f"z \\leftarrow \\mathrm{{prox}}_\\varphi\\big({inner.latex()}\\big)",
+            ("φ → φ + ", r), ("z ← prox_φ(", inner, ")"),
             note=note,
         ))
         new_obj = Objective([*new_obj.terms, MoreauEnvelope(r, 1.0)], name="phi+M[R]")
@@ -112,16 +125,15 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
     cert_obj = new_obj
     cert = certificate(cert_obj)
     convex = cert.kind != "nonconvex"
-    if prox_regs:
-        kind = "modified minimizer" if convex else "stationary point"
-        what = f"{'minimizer' if convex else 'stationary point'} of {modified_text}"
+    if not convex:
+        kind = ClaimKind.STATIONARY
     else:
-        kind = "minimizer" if convex else "stationary point"
-        what = f"{'minimizer' if convex else 'stationary point'} of {modified_text}"
+        kind = ClaimKind.MODIFIED_MINIMIZER if prox_regs else ClaimKind.MINIMIZER
+    what = f"{'minimizer' if convex else 'stationary point'} of {modified_text}"
     if not convex:
         what += f" (not convex: {cert.reason})"
     claim = Claim(kind, what, f"\\text{{{kind} of }} {modified_latex}",
-                  objective_text=modified_text, conditions=[c.text for c in cert.conditions])
+                  objective_text=modified_text, conditions=tuple(c.text for c in cert.conditions))
     contraction = Contraction(
         f"({lip_base.formula})·(1 + Lip∇γR)" if grad_regs else lip_base.formula,
         lip_base.latex,
@@ -130,5 +142,13 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
     )
     return DerivedLayer(source=new_obj, blocks=[z], nodes={z.name: new_node}, derivation=d,
                         claim=claim, contraction=contraction, is_prox=False, certificate=cert,
-                        regularizers=regs, info={**base.info, "base": base,
-                                                 "variant": "prox" if prox_regs else "gradient"})
+                        regularizers=regs,
+                        payload=EditPayload(base, "prox" if prox_regs else "gradient"))
+
+
+def _joined(terms: list[Term]) -> tuple[Any, ...]:
+    """``t1 + t2 + …`` as formula parts."""
+    out: list[Any] = []
+    for i, t in enumerate(terms):
+        out += [" + ", t] if i else [t]
+    return tuple(out)

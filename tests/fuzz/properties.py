@@ -390,4 +390,10 @@ def check_verify(d: lowering.DerivedLayer, case: Case) -> str:
     assert rep.failures and all(isinstance(f, str) and f.strip() for f in rep.failures), (
         "verify.check failed without a labelled reason")
     head = re.sub(r"[-+]?\d[\d.e+-]*", "#", rep.failures[0].split(":")[0])[:48]
-    return f"verify:failed({head})"
+    from .adjudicate import classify  # every FAIL re-checked by an independent method
+    from .stats import keep_unconfirmed
+
+    cls = classify(d, rep, x)
+    if cls == "unconfirmed":
+        keep_unconfirmed(f"{case!r}\n{rep}")
+    return f"verify:failed[{cls}]({head})"

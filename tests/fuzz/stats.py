@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -41,6 +42,26 @@ def record(test: str, outcome: str) -> None:
     event(f"{test}: {outcome}")
 
 
+#: the cases (repr and report) of unconfirmed verify FAILs, for the stats file (first 50)
+UNCONFIRMED: list[str] = []
+
+
+def keep_unconfirmed(text: str) -> None:
+    if len(UNCONFIRMED) < 50:
+        UNCONFIRMED.append(text)
+
+
+def fail_classes(counts: Counter) -> dict[str, int]:
+    """verify FAILs by the adjudicator's class (``verify:failed[<class>](…)`` outcomes)."""
+    out: Counter = Counter()
+    for outcome, k in counts.items():
+        m = re.search(r"verify:failed\[([a-z-]+)\]", outcome)
+        if m:
+            out[m.group(1)] += k
+    return {c: out.get(c, 0) for c in ("confirmed", "reference-failure", "ill-posed",
+                                        "unconfirmed")}
+
+
 def summary() -> dict[str, Any]:
     tests = {t: dict(sorted(c.items())) for t, c in sorted(COUNTS.items())}
     return {
@@ -48,6 +69,8 @@ def summary() -> dict[str, Any]:
         "max_examples": settings().max_examples,
         "elapsed_s": round(time.time() - _STARTED, 1),
         "cases_per_test": {t: sum(c.values()) for t, c in tests.items()},
+        "verify_fail_classes": fail_classes(COUNTS.get("verify", Counter())),
+        "unconfirmed_cases": UNCONFIRMED,
         "outcomes": tests,
     }
 

@@ -835,9 +835,10 @@ def _malformed_cases(draw: Any, b: Builder) -> Malformed:
         obj = phi + L1(zz) * 0.1
         return Malformed(kind, lambda: lowering.lower(obj, regularizer="sideways"),
                          ("sideways",))
-    if kind == "precompose_declare":
+    if kind == "precompose_declare":  # a Moreau envelope term has no affine argument to map
         phi, _ = _opteq_parts(b, n)
-        return Malformed(kind, lambda: precompose(phi, np.eye(n)), ("Σ ∫relu",))
+        env_obj = Objective([moreau(phi, 0.5)])
+        return Malformed(kind, lambda: precompose(env_obj, np.eye(n)), ("M^",))
     if kind == "deep_nonprox_layer":
         layer = _canon(b, z)
         return Malformed(kind, lambda: lowering.lower(DeepComposition([layer], 0.5)),

@@ -1,4 +1,4 @@
-"""The theorems of MATH.md as executable properties (one function per statement).
+"""The theorems of docs/theory.md as executable properties (one function per statement).
 
 Each property is a plain function ``prop(case) -> dict`` of an instance built by
 :mod:`verify.properties.strategies` (hypothesis strategies, or the public builders for fixed
@@ -16,7 +16,9 @@ Use with hypothesis::
     def test_thm1(case):
         theorem1_firm_nonexpansive(case)
 
-:data:`PROPERTIES` lists every property with its strategy and MATH.md section.
+:data:`PROPERTIES` lists every property with its strategy and docs/theory.md section.
+The properties and :mod:`verify.properties.cases` (the instance builders) need no hypothesis;
+:mod:`verify.properties.strategies` (a test extra) is imported on first use.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import strategies
+from convex_eq._lazy import lazy_module
+
+from . import cases
 from ._common import ReferenceFailure
 from .converter import lemma12_converter
 from .deep import corollary1_cvxpy, lemma3_theorem2_multiblock, theorem3_wide_limit
@@ -48,44 +52,51 @@ class Property:
     section: str
 
 
-S = strategies
+#: the hypothesis strategies, imported when a property's strategy is first asked for
+S = lazy_module("verify.properties.strategies")
 PROPERTIES: tuple[Property, ...] = (
     Property("theorem1_firm_nonexpansive", theorem1_firm_nonexpansive,
              lambda: S.opteq_cases(mu=(1.0, 3.0)), "Theorem 1: T = prox_φ is firmly nonexpansive",
-             "MATH §2"),
+             "docs/theory.md §2"),
     Property("theorem1_jacobian", theorem1_jacobian, lambda: S.opteq_cases(mu=(1.0, 3.0)),
-             "Theorem 1: ∂T/∂z symmetric with spectrum in [0, 1]", "MATH §2"),
+             "Theorem 1: ∂T/∂z symmetric with spectrum in [0, 1]", "docs/theory.md §2"),
     Property("lemma5_prox_characterization", lemma5_prox_characterization,
              lambda: S.opteq_cases(wide=False, mu=(1.0, 3.0), min_ratio=0.05),
              "Lemma 5: prox of convex φ ⇔ gradient of convex ψ and nonexpansive",
              "NeurIPS OptEq App. E.1"),
-    Property("moreau_edit_keeps_fixed_points", moreau_edit_keeps_fixed_points, S.moreau_cases,
-             "φ → αM_φ^(1−α): skip connection, same fixed points", "MATH §4 row 1"),
+    Property("moreau_edit_keeps_fixed_points", moreau_edit_keeps_fixed_points,
+             lambda: S.moreau_cases(),
+             "φ → αM_φ^(1−α): skip connection, same fixed points", "docs/theory.md §4 row 1"),
     Property("theorem4_gradient_variant", theorem4_gradient_variant,
              lambda: S.regularized_cases("sq"),
-             "Theorem 4 (gradient): equilibrium = argmin φ + γR", "MATH §4 row 3"),
+             "Theorem 4 (gradient): equilibrium = argmin φ + γR", "docs/theory.md §4 row 3"),
     Property("theorem4_prox_variant_sq", theorem4_prox_variant, lambda: S.regularized_cases("sq"),
-             "Theorem 4 (prox, R = ½||z||²): argmin φ + M^1_γR, not φ + γR", "MATH §4 row 4"),
+             "Theorem 4 (prox, R = ½||z||²): argmin φ + M^1_γR, not φ + γR",
+             "docs/theory.md §4 row 4"),
     Property("theorem4_prox_variant_l1", theorem4_prox_variant, lambda: S.regularized_cases("l1"),
-             "Theorem 4 (prox, R = ||z||₁): argmin φ + M^1_γR, not φ + γR", "MATH §4 row 4"),
-    Property("lemma3_theorem2_multiblock", lemma3_theorem2_multiblock, S.deep_cases,
-             "Lemma 3 / Theorem 2: composition ↔ multi-block, monotone inclusion", "MATH §5"),
+             "Theorem 4 (prox, R = ||z||₁): argmin φ + M^1_γR, not φ + γR",
+             "docs/theory.md §4 row 4"),
+    Property("lemma3_theorem2_multiblock", lemma3_theorem2_multiblock, lambda: S.deep_cases(),
+             "Lemma 3 / Theorem 2: composition ↔ multi-block, monotone inclusion",
+             "docs/theory.md §5"),
     Property("corollary1_cvxpy", corollary1_cvxpy,
              lambda: S.deep_cases(L=(2, 2), acts=S.DCP_ACTIVATIONS),
-             "Corollary 1: L = 2 equilibrium = CVXPY minimizer", "MATH §5"),
+             "Corollary 1: L = 2 equilibrium = CVXPY minimizer", "docs/theory.md §5"),
     Property("theorem3_wide_limit", theorem3_wide_limit, lambda: S.deep_cases(L=(2, 3)),
-             "Theorem 3: α → 0 tends to the wide solution", "MATH §5"),
-    Property("theorem5_sam", theorem5_sam, S.sam_cases,
-             "Theorem 5: SAM converges to argmin_{Fix T} R", "MATH §6"),
-    Property("lemma12_converter", lemma12_converter, S.mlp_cases,
-             "Lemma 1/2: feed-forward network = prox layers, output unchanged", "MATH §5"),
-    Property("mopteq_prop1_stationary", mopteq_prop1_stationary, S.mopteq_cases,
-             "MOptEq Prop. 1: equilibrium is a stationary point of G", "MATH §3 row 4"),
+             "Theorem 3: α → 0 tends to the wide solution", "docs/theory.md §5"),
+    Property("theorem5_sam", theorem5_sam, lambda: S.sam_cases(),
+             "Theorem 5: SAM converges to argmin_{Fix T} R", "docs/theory.md §6"),
+    Property("lemma12_converter", lemma12_converter, lambda: S.mlp_cases(),
+             "Lemma 1/2: feed-forward network = prox layers, output unchanged",
+             "docs/theory.md §5"),
+    Property("mopteq_prop1_stationary", mopteq_prop1_stationary, lambda: S.mopteq_cases(),
+             "MOptEq Prop. 1: equilibrium is a stationary point of G", "docs/theory.md §3 row 4"),
     Property("mopteq_prop2_perturbation_bound", mopteq_prop2_perturbation_bound,
-             S.perturbation_cases, "MOptEq Prop. 2: perturbation bound", "MATH §7"),
-    Property("geq_stationary", geq_stationary, S.geq_cases,
-             "GEQ: equilibrium is a stationary point of G", "MATH §3 rows 2-3"),
-    Property("geq_prop3_lipschitz", geq_prop3_lipschitz, S.geq_cases,
+             lambda: S.perturbation_cases(), "MOptEq Prop. 2: perturbation bound",
+             "docs/theory.md §7"),
+    Property("geq_stationary", geq_stationary, lambda: S.geq_cases(),
+             "GEQ: equilibrium is a stationary point of G", "docs/theory.md §3 rows 2-3"),
+    Property("geq_prop3_lipschitz", geq_prop3_lipschitz, lambda: S.geq_cases(),
              "GEQ Prop. 3: measured Lipschitz ratios under the derived bounds",
              "GEQ paper §3.4"),
 )
@@ -94,6 +105,7 @@ __all__ = [
     "PROPERTIES",
     "Property",
     "ReferenceFailure",
+    "cases",
     "corollary1_cvxpy",
     "geq_prop3_lipschitz",
     "geq_stationary",
@@ -111,3 +123,10 @@ __all__ = [
     "theorem4_prox_variant",
     "theorem5_sam",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``strategies`` (hypothesis, a test extra) is imported on first use, not with the package."""
+    if name == "strategies":
+        return S.load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -106,7 +106,8 @@ def _res(f: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> float:
     return float((num / den).max())
 
 
-#: reference solver chain: Clarabel at 1e-11 (MATH §9.1), then SCS at eps 1e-12 when Clarabel
+#: reference solver chain: Clarabel at 1e-11 (docs/theory.md §9.1), then SCS at eps 1e-12 when
+#: Clarabel
 #: reports an inaccurate status (it does on degenerate instances, e.g. ``x = 0``, ``b = 0``)
 SOLVER_CHAIN: tuple[dict[str, Any], ...] = (
     {},  # ExportedProblem.solve default: Clarabel, tol_gap_abs = tol_gap_rel = tol_feas = 1e-11
@@ -144,9 +145,9 @@ def jacobian(fn: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor) -> tor
 
 def stationarity_residual(objective: Any, Z: Mapping[str, torch.Tensor],
                           inputs: Mapping[str, torch.Tensor]) -> float:
-    """Canonical-form stationarity residual of ``G = Σ_b f_{σ_b}(z_b) + h(z)`` (MATH §3):
+    """Canonical-form stationarity residual of ``G = Σ_b f_{σ_b}(z_b) + h(z)`` (docs/theory.md §3):
     ``max_b ||z_b − σ_b(z_b − ∇_b h(z))|| / max(1, ||z_b||)``, i.e. the forward–backward
-    residual ``||z − prox_{f_σ}(z − ∇h(z))||`` with ``prox_{f_σ} = σ`` (MATH §1).
+    residual ``||z − prox_{f_σ}(z − ∇h(z))||`` with ``prox_{f_σ} = σ`` (docs/theory.md §1).
 
     ``∇h`` is computed by autograd of the *declared* terms' values (every term except the
     potentials), not by the terms' gradient rules the lowering used — an independent check of

@@ -1,4 +1,5 @@
-"""Lemma 1 / Lemma 2 (TPAMI, MATH §5): every feed-forward network is an OptEq-style network
+"""Lemma 1 / Lemma 2 (TPAMI, docs/theory.md §5): every feed-forward network is an OptEq-style
+network
 whose hidden layers are proximal operators of convex functions, output unchanged."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import ROUND, check, rel_err
-from .strategies import MLPCase
+from .cases import MLPCase
 
 #: output agreement required by the issue (float64 gives ~1e-13; the factorization goes through
 #: pseudo-inverses, so ill-conditioned drawn layers lose a few digits, never 8)
@@ -31,7 +32,8 @@ def _original_hidden(case: MLPCase) -> list[torch.Tensor]:
 
 
 def lemma12_converter(case: MLPCase) -> dict[str, float]:
-    """Lemma 1 / Lemma 2 (MATH §5): ``lowering.convert`` rewrites ``z_{k+1} = σ(A_k z_k + c_k)``
+    """Lemma 1 / Lemma 2 (docs/theory.md §5): ``lowering.convert`` rewrites
+    ``z_{k+1} = σ(A_k z_k + c_k)``
     with factors ``A_k = W̄_{k+1}W̄_kᵀ`` (``W̄_k ∈ R^{n_k×m}``, ``m ≥ n_k + n_{k+1}``), and
 
     * the rewritten network's output equals the original's (``CONVERTER_TOL``);

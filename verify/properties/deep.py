@@ -1,4 +1,5 @@
-"""Deep OptEq (MATH §5, TPAMI §5): Lemma 3 (composition ↔ multi-block), Theorem 2 (monotone
+"""Deep OptEq (docs/theory.md §5, TPAMI §5): Lemma 3 (composition ↔ multi-block), Theorem 2
+(monotone
 inclusion), Corollary 1 (L = 2: a convex problem, vs CVXPY) and Theorem 3 (α → 0: the wide
 one-layer model)."""
 
@@ -12,7 +13,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import CVX_TOL, FP_TOL, check, cvxpy_states, equilibrium, rel_err, t64
-from .strategies import DeepCase
+from .cases import DeepCase
 
 #: Theorem 2 / Lemma 3 residual tolerance: equilibria solved to FP_TOL (contraction ≤ 0.95² per
 #: layer, so ≤ 1e-10 away), inner envelope solves to 1e-14·κ with κ ≤ 1/(1 − α) ≤ 10.
@@ -53,7 +54,7 @@ def envelope_grad(phi: Any, block: str, v: torch.Tensor, x: torch.Tensor, t: flo
 
 
 def lemma3_theorem2_multiblock(case: DeepCase) -> dict[str, float]:
-    """Lemma 3 and Theorem 2 (MATH §5; TPAMI §5):
+    """Lemma 3 and Theorem 2 (docs/theory.md §5; TPAMI §5):
 
     * Lemma 3: with ``z_0*`` the equilibrium of ``T = f_L∘…∘f_1`` and ``z_l* = f_l(z_{l−1}*)``, the
       stacked ``z̃* = (z_1*, …, z_{L−1}*, z_0*)`` is a fixed point of the multi-block layer; and
@@ -92,7 +93,7 @@ def lemma3_theorem2_multiblock(case: DeepCase) -> dict[str, float]:
 
 
 def corollary1_cvxpy(case: DeepCase) -> dict[str, float]:
-    """Corollary 1 (MATH §5): for ``L = 2``, ``α < 1``, ``(z_1*, z_0*)`` minimizes
+    """Corollary 1 (docs/theory.md §5): for ``L = 2``, ``α < 1``, ``(z_1*, z_0*)`` minimizes
     ``αM^{1−α}_{φ_1}(z_1) + αM^{1−α}_{φ_2}(z_0) + ½||z_1 − z_0||²`` — compared with the CVXPY
     minimizer of ``corollary1_objective()`` (DCP activations).  Tolerance ``CVX_TOL``."""
     comp = case.composition
@@ -114,7 +115,7 @@ def corollary1_cvxpy(case: DeepCase) -> dict[str, float]:
 
 
 def wide_solution(case: DeepCase, tol: float = 1e-14) -> torch.Tensor:
-    """``y`` with ``L y = Σ_l W_lᵀσ(W_l y + U_l x + b_l)`` (MATH §5, Theorem 3), by the
+    """``y`` with ``L y = Σ_l W_lᵀσ(W_l y + U_l x + b_l)`` (docs/theory.md §5, Theorem 3), by the
     contraction ``y ← (1/L)Σ_l W_lᵀσ(…)`` (Lipschitz ``(1/L)Σ||W_l||₂² < 1``); written from the
     formula with the registry's σ, independent of the lowering."""
     act = ce.get_activation(case.activation)
@@ -134,7 +135,8 @@ THEOREM3_ALPHAS = (0.2, 0.05, 0.01)
 
 
 def theorem3_wide_limit(case: DeepCase) -> dict[str, float]:
-    """Theorem 3 (MATH §5): as ``α → 0`` every block ``z_l*(α)`` of the deep equilibrium tends to
+    """Theorem 3 (docs/theory.md §5): as ``α → 0`` every block ``z_l*(α)`` of the deep equilibrium
+    tends to
     the wide solution ``y`` of ``L y = Σ_l W_lᵀσ(W_l y + U_l x + b_l)``.  Measured at
     ``α ∈ {0.2, 0.05, 0.01}`` (``case.alpha`` is ignored): the error
     ``e(α) = max_l ||z_l*(α) − y|| / max(1, ||y||)`` must not grow as α decreases, and must shrink

@@ -1,4 +1,5 @@
-"""GEQ / KerDEQ (Gaussian-kernel equilibrium, MATH §3 rows 2-3): stationarity of the declared G
+"""GEQ / KerDEQ (Gaussian-kernel equilibrium, docs/theory.md §3 rows 2-3): stationarity of the
+declared G
 and the Lipschitz bounds behind GEQ Proposition 3."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import FP_TOL, STAT_TOL, check, equilibrium, jacobian, stationarity_residual
-from .strategies import GEQCase
+from .cases import GEQCase
 
 #: slack for measured-vs-bound comparisons ``||T(a) − T(b)|| ≤ c||a − b||(1 + LIP_SLACK) +
 #: ABS_ROUND·(1 + ||T(a)|| + ||T(b)||)``: the absolute term is the float64 rounding of evaluating
@@ -22,7 +23,8 @@ ABS_ROUND = 1e-13
 
 
 def geq_stationary(case: GEQCase) -> dict[str, float]:
-    """GEQ (MATH §3 rows 2/3): the equilibrium of ``z = σ(∇S(z))`` with the Gaussian kernel
+    """GEQ (docs/theory.md §3 rows 2/3): the equilibrium of ``z = σ(∇S(z))`` with the Gaussian
+    kernel
     ``S = (1/2γ)exp(−γ||q − Wz||²)`` (or its patch-split form) is a stationary point of the
     declared ``G = Σf_σ(z) + ½||z||² − S(z)``: canonical residual (``∇S`` by autograd of the
     declared kernel's value) ``≤ STAT_TOL``; the claim is "stationary point", never
@@ -54,7 +56,7 @@ def input_lipschitz_bound(case: GEQCase) -> float:
 
 
 def geq_prop3_lipschitz(case: GEQCase) -> dict[str, float]:
-    """GEQ Proposition 3 (GEQ paper §3.4; bound re-derived as MATH asks):
+    """GEQ Proposition 3 (GEQ paper §3.4; bound re-derived in docs/theory.md §3):
 
     * the state-Lipschitz bound of the derivation, ``c = contraction.value() =
       L_σ||W||₂²(·||W_h||₂²)``, dominates every measured ratio ``||T(a) − T(b)||/||a − b||``

@@ -1,4 +1,4 @@
-"""MOptEq (multi-branch OptEq, MATH §3 row 4 and §7): Proposition 1 (the equilibrium is a
+"""MOptEq (multi-branch OptEq, docs/theory.md §3 row 4 and §7): Proposition 1 (the equilibrium is a
 stationary point of the declared G) and Proposition 2 (the perturbation bound)."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import torch
 import lowering
 
 from ._common import STAT_TOL, check, equilibrium, stationarity_residual
-from .strategies import MOptEqCase, OptEqCase
+from .cases import MOptEqCase, OptEqCase
 
 
 def mopteq_prop1_stationary(case: MOptEqCase) -> dict[str, float]:
-    """MOptEq Proposition 1 (MATH §3 row 4): the equilibrium of the derived multi-branch layer is
+    """MOptEq Proposition 1 (docs/theory.md §3 row 4): the equilibrium of the derived multi-branch
+    layer is
     a stationary point of the declared ``G = Σ_i[Σf_σ(z_i) + ½||z_i||² − <q_i, z_i> −
     ½||W_i z_i||²] − ½Σ_i H(z_i, z_{i+1}) + (λ/2)Σ_i D(z_i, z_{i+1})``: the canonical-form
     residual ``||z − σ(z − ∇h(z))||`` (``∇h`` by autograd of the declared terms' values) is
@@ -40,7 +41,7 @@ PROP2_TOL = 1e-9
 
 
 def mopteq_prop2_perturbation_bound(case: OptEqCase) -> dict[str, float]:
-    """MOptEq Proposition 2 (MATH §7) on the OptEq branch objective
+    """MOptEq Proposition 2 (docs/theory.md §7) on the OptEq branch objective
     ``G(z; x) = Σf_σ(z) + ½||z||² − <Ux + b, z> − ½||Wz||²`` (reformulated variable, ``z̃ =
     W^{-T}z`` of the paper), with ``||W||₂, ||U||₂ ≤ 1`` and ``ε = case.extra["eps"]``:
 
@@ -84,8 +85,9 @@ def mopteq_prop2_perturbation_bound(case: OptEqCase) -> dict[str, float]:
     check(bool((lhs_derived >= eps * l1 - tol).all()),
           f"Prop. 2 (derived form): A + √Nε||Δz|| = {lhs_derived.tolist()} < ε||Uᵀz*||₁ = "
           f"{(eps * l1).tolist()}")
-    # the perturbation itself: closed form of MATH §7 and maximality over the ℓ∞ ball
-    check(bool(torch.equal(delta, eps * torch.sign(zs @ U))), "Prop. 2: δ ≠ ε·sign(Uᵀz*) (MATH §7)")
+    # the perturbation itself: closed form of docs/theory.md §7 and maximality over the ℓ∞ ball
+    check(bool(torch.equal(delta, eps * torch.sign(zs @ U))),
+          "Prop. 2: δ ≠ ε·sign(Uᵀz*) (docs/theory.md §7)")
     g_pert = G.value_tensor({z: zs, "x": x - delta})
     if dd <= 6:
         for signs in itertools.product((-1.0, 1.0), repeat=dd):

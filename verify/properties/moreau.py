@@ -1,4 +1,5 @@
-"""Moreau-envelope edit (MATH §4, Table 1 of the TPAMI paper): ``φ → α M_φ^{1−α}`` derives the
+"""Moreau-envelope edit (docs/theory.md §4, Table 1 of the TPAMI paper): ``φ → α M_φ^{1−α}`` derives
+the
 skip connection ``α prox_φ(z) + (1 − α) z``, which has the same fixed points as ``prox_φ``."""
 
 from __future__ import annotations
@@ -7,11 +8,11 @@ import convex_eq as ce
 import lowering
 
 from ._common import FP_TOL, ROUND, check, equilibrium, rel_err
-from .strategies import OptEqCase
+from .cases import OptEqCase
 
 
 def moreau_edit_keeps_fixed_points(case: OptEqCase) -> dict[str, float]:
-    """MATH §4 row 1: for ``α ∈ (0, 1]`` (``case.extra["alpha"]``) the layer derived from
+    """docs/theory.md §4 row 1: for ``α ∈ (0, 1]`` (``case.extra["alpha"]``) the layer derived from
     ``α M_φ^{1−α}`` is ``α T + (1 − α) id`` (``T`` the layer of ``φ``, identity
     ``prox_{λM_f^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)f}(x) − x)``), and ``Fix(T_α) = Fix(T)``:
     the equilibrium of each layer is a fixed point of the other, and they coincide.

@@ -1,4 +1,5 @@
-"""Theorem 4 (TPAMI) / MATH §4: regularizer edits ``φ → φ + γR`` of a prox layer, both variants,
+"""Theorem 4 (TPAMI) / docs/theory.md §4: regularizer edits ``φ → φ + γR`` of a prox layer, both
+variants,
 each with its exact claim.
 
 * gradient variant (``R`` smooth): ``T(z) = prox_φ(z − γ∇R(z))``; fixed points are exactly the
@@ -17,7 +18,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import CVX_TOL, ROUND, check, cvxpy_states, equilibrium, rel_err, t64
-from .strategies import OptEqCase
+from .cases import OptEqCase
 
 
 def _reg(case: OptEqCase) -> Any:
@@ -38,7 +39,8 @@ def _ref(objective: Any, case: OptEqCase, i: int) -> torch.Tensor:
 
 
 def theorem4_gradient_variant(case: OptEqCase) -> dict[str, float]:
-    """Theorem 4, gradient variant (MATH §4 row 3), ``R = ½||z||²``, ``γ = case.extra["gamma"]``:
+    """Theorem 4, gradient variant (docs/theory.md §4 row 3), ``R = ½||z||²``,
+    ``γ = case.extra["gamma"]``:
     the layer is ``prox_φ(z − γ∇R(z))``, its claim is "minimizer of φ + γR", and its equilibrium
     equals the CVXPY minimizer of ``φ + γR`` (built here from ``φ`` and ``R``, not taken from the
     derivation).  Tolerances: layer identity ``ROUND``; state vs CVXPY ``CVX_TOL``."""
@@ -65,7 +67,7 @@ def theorem4_gradient_variant(case: OptEqCase) -> dict[str, float]:
 
 
 def theorem4_prox_variant(case: OptEqCase) -> dict[str, float]:
-    """Theorem 4, prox variant (MATH §4 row 4), ``R = ½||z||²`` or ``||z||₁``
+    """Theorem 4, prox variant (docs/theory.md §4 row 4), ``R = ½||z||²`` or ``||z||₁``
     (``case.extra["R"]``): the layer is ``prox_φ(prox_{γR}(z))``; its claim is "modified
     minimizer" of ``φ + M^1_{γR}``; the equilibrium equals the CVXPY minimizer of the claimed
     objective (for ``R = ½||·||²`` also of the closed form ``φ + (γ/(1+γ))·½||z||²``) — and is

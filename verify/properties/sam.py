@@ -1,4 +1,5 @@
-"""Theorem 5 (TPAMI, MATH §6): the SAM iteration selects ``argmin_{z ∈ Fix T} R(z)`` among many
+"""Theorem 5 (TPAMI, docs/theory.md §6): the SAM iteration selects ``argmin_{z ∈ Fix T} R(z)`` among
+many
 equilibria."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import convex_eq as ce
 import lowering
 
 from ._common import T64, check, rel_err
-from .strategies import SAMCase
+from .cases import SAMCase
 
 #: iterations and accuracy: SAM converges like the vanishing weight β_k = ρ/k^c (ρ = 0.1,
 #: c = 0.44: β_5000 ≈ 2.4e-3); measured relative error after 5000 steps: median 1.3e-3, max 6.8e-3
@@ -33,7 +34,7 @@ def sam_reference(case: SAMCase) -> np.ndarray:
 
 def theorem5_sam(case: SAMCase, rho: float = 0.1, c: float = 0.44,
                  max_iter: int = SAM_ITERS, tol: float = SAM_TOL) -> dict[str, float]:
-    """Theorem 5 (MATH §6): on an affine ``T`` with a subspace of fixed points (identity
+    """Theorem 5 (docs/theory.md §6): on an affine ``T`` with a subspace of fixed points (identity
     activation, ``k ≥ 1`` singular values of ``W`` exactly 1), SAM with ``R = ½||z − c||²``
     (``β_k = λ_k = ρ/k^c``, ``γ = 1/(2L_R)``, ``ρ + 2c < 1``) converges to the exact
     ``argmin_{Fix T} R`` (closed form, :func:`sam_reference`).  Checked: relative error

@@ -1,7 +1,8 @@
 """Hypothesis strategies for the theorem properties: weights that satisfy each theorem's
 assumptions (spectral scaling), registry activations, inputs, α, γ and sizes.
 
-Every strategy draws plain arrays and passes them to a *builder* (``opteq_case``, ``deep_case``,
+Every strategy draws plain arrays and passes them to a *builder* of
+:mod:`verify.properties.cases` (``opteq_case``, ``deep_case``,
 …), which puts them into the seed objectives of ``convex_eq.models`` (the symbols' values are
 overwritten, so lowering, CVXPY export, contraction bounds and emitted modules all see the drawn
 weights).  The builders are public: fixed examples and users' own instances go through the same
@@ -15,24 +16,78 @@ not hoped for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
-from convex_eq import models
+try:
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+except ImportError as err:  # hypothesis is a test extra
+    raise ImportError(
+        "verify.properties.strategies draws instances with hypothesis, which is not installed: "
+        "pip install 'convex-eq[test]' (the properties and verify.properties.cases, the "
+        "builders of fixed instances, work without it)") from err
 
-T64 = torch.float64
+from .cases import (
+    ACTIVATIONS,
+    CLOSED_FORM_ACTIVATIONS,
+    DCP_ACTIVATIONS,
+    MOPTEQ_SHAPES,
+    DeepCase,
+    GEQCase,
+    MLPCase,
+    MOptEqCase,
+    OptEqCase,
+    SAMCase,
+    deep_case,
+    geq_case,
+    matrix_with_spectrum,
+    mlp_case,
+    mopteq_case,
+    opteq_case,
+    orthogonal_from,
+    rng_arrays,
+    sam_case,
+    scaled_to_norm,
+    set_weights,
+)
 
-#: every activation of the registry (all nondecreasing and 1-Lipschitz)
-ACTIVATIONS = ("identity", "relu", "leaky_relu", "hardtanh", "tanh", "sigmoid", "softplus")
-#: potentials that cancel exactly against quadratics: the objectives are QPs (MATH §1, §9.1)
-DCP_ACTIVATIONS = ("identity", "relu", "leaky_relu", "hardtanh")
-#: activations whose potential has a closed form (softplus uses numeric quadrature)
-CLOSED_FORM_ACTIVATIONS = ("identity", "relu", "leaky_relu", "hardtanh", "tanh", "sigmoid")
+__all__ = [
+    "ACTIVATIONS",
+    "CLOSED_FORM_ACTIVATIONS",
+    "DCP_ACTIVATIONS",
+    "DeepCase",
+    "GEQCase",
+    "MLPCase",
+    "MOptEqCase",
+    "OptEqCase",
+    "SAMCase",
+    "activations",
+    "arrays",
+    "deep_case",
+    "deep_cases",
+    "geq_case",
+    "geq_cases",
+    "matrix_with_spectrum",
+    "mlp_case",
+    "mlp_cases",
+    "mopteq_case",
+    "mopteq_cases",
+    "moreau_cases",
+    "opteq_case",
+    "opteq_cases",
+    "orthogonal",
+    "orthogonal_from",
+    "perturbation_cases",
+    "regularized_cases",
+    "rng_arrays",
+    "sam_case",
+    "sam_cases",
+    "scaled_to_norm",
+    "set_weights",
+    "spectral_matrices",
+]
 
 _unit = st.floats(-1.0, 1.0, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
@@ -49,25 +104,10 @@ def arrays(shape: tuple[int, ...], lo: float = -1.0, hi: float = 1.0
     return hnp.arrays(np.float64, shape, elements=el)
 
 
-def orthogonal_from(a: np.ndarray) -> np.ndarray:
-    """An orthogonal matrix from any square array (QR with the sign of R's diagonal fixed)."""
-    n = a.shape[0]
-    q, r = np.linalg.qr(a + 1e-3 * np.eye(n))
-    d = np.sign(np.diag(r))
-    d[d == 0] = 1.0
-    return q * d
-
-
 @st.composite
 def orthogonal(draw: Any, n: int) -> np.ndarray:
     """A drawn ``n×n`` orthogonal matrix."""
     return orthogonal_from(draw(arrays((n, n))))
-
-
-def matrix_with_spectrum(q: np.ndarray, s: np.ndarray, v: np.ndarray, rows: int, cols: int
-                         ) -> np.ndarray:
-    k = len(s)
-    return q[:, :k] @ np.diag(s) @ v[:, :k].T if k else np.zeros((rows, cols))
 
 
 @st.composite
@@ -82,69 +122,6 @@ def spectral_matrices(draw: Any, rows: int, cols: int, norm: tuple[float, float]
     rest = draw(st.lists(st.floats(min_ratio, 1.0), min_size=k - 1, max_size=k - 1))
     s = np.array(sorted([1.0, *rest], reverse=True)) * top
     return matrix_with_spectrum(q, s, v, rows, cols)
-
-
-def scaled_to_norm(a: np.ndarray, norm: float) -> np.ndarray:
-    n = float(np.linalg.norm(a, 2))
-    return a * (norm / n) if n > 0 else a
-
-
-# ----------------------------------------------------------------------------- OptEq
-@dataclass
-class OptEqCase:
-    """One OptEq instance: the declared objective with drawn weights, inputs and probes.
-
-    ``form="conjugate"``: ``φ = ψ* − ½||·||²``, ``ψ = (1/μ)Σσ̃(Wz + Ux + b)`` (Theorem 1);
-    ``form="canonical"``: ``Σf_σ(z) + ½||z||² − <Ux + b, z> − ½||Wz||²`` (MATH §3 row 1)."""
-
-    objective: Any
-    x: torch.Tensor                      # (B, d) inputs
-    z: torch.Tensor                      # (B, n) probe states
-    z2: torch.Tensor                     # (B, n) second probe states
-    activation: str
-    form: str
-    mu: float = 1.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def W(self) -> torch.Tensor:
-        return self.objective.symbol("W").value
-
-    @property
-    def U(self) -> torch.Tensor:
-        return self.objective.symbol("U").value
-
-    @property
-    def b(self) -> torch.Tensor:
-        return self.objective.symbol("b").value
-
-    @property
-    def state(self) -> Any:
-        return self.objective.states[0]
-
-    def __repr__(self) -> str:  # readable falsifying examples
-        return (f"OptEqCase(form={self.form}, act={self.activation}, mu={self.mu:g}, "
-                f"W{tuple(self.W.shape)} ||W||={float(torch.linalg.matrix_norm(self.W, 2)):.4g}, "
-                f"B={self.x.shape[0]}, extra={self.extra})")
-
-
-def set_weights(obj: Any, **values: Any) -> None:
-    """Overwrite weight/constant symbol values of a seed objective (float64 tensors)."""
-    for k, v in values.items():
-        obj.symbol(k).value = torch.as_tensor(np.asarray(v, dtype=np.float64), dtype=T64)
-
-
-def opteq_case(W: np.ndarray, U: np.ndarray, b: np.ndarray, x: np.ndarray, z: np.ndarray,
-               z2: np.ndarray | None = None, *, activation: str = "relu",
-               form: str = "conjugate", mu: float = 1.0, **extra: Any) -> OptEqCase:
-    """Builder: ``W: m×n``, ``U: (m or n)×d``, ``b``, inputs ``x: B×d``, probes ``z: B×n``."""
-    m, n = W.shape
-    d = U.shape[1]
-    obj = models.opteq(n=n, m=m, d=d, activation=activation, form=form, mu=mu)
-    set_weights(obj, W=W, U=U, b=b)
-    z2 = np.zeros_like(z) if z2 is None else z2
-    return OptEqCase(obj, torch.as_tensor(x, dtype=T64), torch.as_tensor(z, dtype=T64),
-                     torch.as_tensor(z2, dtype=T64), activation, form, float(mu), dict(extra))
 
 
 @st.composite
@@ -187,40 +164,6 @@ def regularized_cases(draw: Any, kind: str = "sq", acts: tuple[str, ...] = DCP_A
     return case
 
 
-# ----------------------------------------------------------------------------- deep OptEq
-@dataclass
-class DeepCase:
-    """Deep OptEq ``T = f_L∘…∘f_1`` with drawn ``W_l`` (``||W_l||₂ ≤ 1``), ``α`` and inputs."""
-
-    composition: Any
-    x: torch.Tensor
-    activation: str
-    alpha: float
-
-    def __repr__(self) -> str:
-        norms = [float(torch.linalg.matrix_norm(p.symbol(f"W{i + 1}").value, 2))
-                 for i, p in enumerate(self.composition.layers)]
-        return (f"DeepCase(L={self.composition.L}, act={self.activation}, alpha={self.alpha:g}, "
-                f"||W_l|| = {[round(v, 4) for v in norms]}, B={self.x.shape[0]})")
-
-    def weights(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(W_i, U_i, b_i)`` of layer ``i`` (1-based)."""
-        phi = self.composition.layers[i - 1]
-        return tuple(phi.symbol(f"{k}{i}").value for k in "WUb")  # type: ignore[return-value]
-
-
-def deep_case(Ws: list[np.ndarray], Us: list[np.ndarray], bs: list[np.ndarray], x: np.ndarray,
-              *, activation: str = "relu", alpha: float = 0.5) -> DeepCase:
-    """Builder: one ``(W_l: m×n, U_l: m×d, b_l)`` per layer."""
-    L = len(Ws)
-    m, n = Ws[0].shape
-    d = Us[0].shape[1]
-    comp = models.deep_opteq(L=L, n=n, m=m, d=d, activation=activation, alpha=alpha)
-    for i, phi in enumerate(comp.layers, start=1):
-        set_weights(phi, **{f"W{i}": Ws[i - 1], f"U{i}": Us[i - 1], f"b{i}": bs[i - 1]})
-    return DeepCase(comp, torch.as_tensor(x, dtype=T64), activation, float(alpha))
-
-
 @st.composite
 def deep_cases(draw: Any, L: tuple[int, int] = (2, 4), acts: tuple[str, ...] = ACTIVATIONS,
                alpha: tuple[float, float] = (0.2, 0.9), norm: tuple[float, float] = (0.1, 0.95),
@@ -239,36 +182,10 @@ def deep_cases(draw: Any, L: tuple[int, int] = (2, 4), acts: tuple[str, ...] = A
     return deep_case(Ws, Us, bs, x, activation=draw(activations(acts)), alpha=a)
 
 
-# ----------------------------------------------------------------------------- SAM
-@dataclass
-class SAMCase:
-    """Theorem 5 instance: identity activation, ``W = Q diag(s) Vᵀ`` with ``k`` singular values
-    exactly 1 and ``b ⟂`` their left singular vectors (a subspace of fixed points), and
-    ``R(z) = ½||z − c||²``."""
-
-    objective: Any
-    Q: np.ndarray
-    s: np.ndarray
-    V: np.ndarray
-    b: np.ndarray
-    c: np.ndarray
-    k: int
-
-    def __repr__(self) -> str:
-        return f"SAMCase(n={len(self.s)}, k={self.k}, s={np.round(self.s, 4).tolist()})"
-
-
-def sam_case(Q: np.ndarray, s: np.ndarray, V: np.ndarray, b: np.ndarray, c: np.ndarray
-             ) -> SAMCase:
-    n = len(s)
-    W = Q @ np.diag(s) @ V.T
-    obj = models.opteq(n=n, m=n, d=1, activation="identity", form="conjugate")
-    set_weights(obj, W=W, U=np.zeros((n, 1)), b=b)
-    return SAMCase(obj, Q, s, V, b, c, int(np.sum(s == 1.0)))
-
-
 @st.composite
 def sam_cases(draw: Any, n: tuple[int, int] = (2, 6), rest_norm: float = 0.8) -> SAMCase:
+    """Hypothesis strategy: an affine ``T`` whose fixed points form a subspace, and ``R``
+    (docs/theory.md §6)."""
     nn_ = draw(st.integers(*n))
     k = draw(st.integers(1, nn_ - 1))
     Q = draw(orthogonal(nn_))
@@ -280,41 +197,6 @@ def sam_cases(draw: Any, n: tuple[int, int] = (2, 6), rest_norm: float = 0.8) ->
     b = Q[:, k:] @ coef  # b ⟂ left singular vectors with s = 1: Fix T is non-empty
     c = draw(arrays((nn_,), -2.0, 2.0))
     return sam_case(Q, s, V, b, c)
-
-
-# ----------------------------------------------------------------------------- converter
-@dataclass
-class MLPCase:
-    """A feed-forward network ``Linear → act → … → Linear`` and a batch of inputs."""
-
-    net: torch.nn.Sequential
-    x: torch.Tensor
-    activation: str
-    widths: tuple[int, ...]
-
-    def __repr__(self) -> str:
-        return f"MLPCase(act={self.activation}, widths={self.widths}, B={self.x.shape[0]})"
-
-
-_TORCH_ACTS = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid,
-               "leaky_relu": torch.nn.LeakyReLU, "hardtanh": torch.nn.Hardtanh,
-               "identity": torch.nn.Identity}
-
-
-def mlp_case(weights: list[np.ndarray], biases: list[np.ndarray], x: np.ndarray,
-             activation: str = "relu") -> MLPCase:
-    layers: list[torch.nn.Module] = []
-    for k, (w, b) in enumerate(zip(weights, biases)):
-        lin = torch.nn.Linear(w.shape[1], w.shape[0]).double()
-        with torch.no_grad():
-            lin.weight.copy_(torch.as_tensor(w))
-            lin.bias.copy_(torch.as_tensor(b))
-        layers.append(lin)
-        if k < len(weights) - 1:
-            layers.append(_TORCH_ACTS[activation]())
-    widths = (weights[0].shape[1], *[w.shape[0] for w in weights])
-    return MLPCase(torch.nn.Sequential(*layers), torch.as_tensor(x, dtype=T64), activation,
-                   widths)
 
 
 _mlp_weight = st.one_of(st.just(0.0), st.floats(1e-3, 2.0), st.floats(-2.0, -1e-3))
@@ -338,37 +220,6 @@ def mlp_cases(draw: Any, acts: tuple[str, ...] = ("relu", "tanh"), depth: tuple[
     return mlp_case(ws, bs, x, draw(activations(acts)))
 
 
-# ----------------------------------------------------------------------------- MOptEq
-@dataclass
-class MOptEqCase:
-    objective: Any
-    x: torch.Tensor
-    activation: str
-    lam: float
-    shapes: tuple[tuple[int, int, int], ...]
-
-    def __repr__(self) -> str:
-        return (f"MOptEqCase(shapes={self.shapes}, act={self.activation}, lam={self.lam:g}, "
-                f"B={self.x.shape[0]})")
-
-
-def mopteq_case(shapes: tuple[tuple[int, int, int], ...], Ws: list[np.ndarray],
-                Us: list[np.ndarray], bs: list[np.ndarray], x: np.ndarray, *,
-                activation: str = "relu", lam: float = 0.1) -> MOptEqCase:
-    obj = models.mopteq(shapes=shapes, d=Us[0].shape[1], activation=activation, lam=lam)
-    for i in range(len(shapes)):
-        set_weights(obj, **{f"W{i + 1}": Ws[i], f"U{i + 1}": Us[i], f"b{i + 1}": bs[i]})
-    return MOptEqCase(obj, torch.as_tensor(x, dtype=T64), activation, float(lam), tuple(shapes))
-
-
-#: branch layouts (channels must agree; spatial sizes differ by integer factors).  Two branches of
-#: EQUAL shape are excluded: then P = I and the cyclic coupling −½(H(z1,z2) + H(z2,z1)) = −z1ᵀz2
-#: has Hessian norm 1, so ``Lip ∇S ≥ 1``: G is unbounded below along z1 = z2 and the iteration
-#: does not converge (measured: relative residual ≈ 0.1 after 300 Anderson steps).
-_MOPTEQ_SHAPES = (((2, 2, 2), (2, 1, 1)), ((2, 4, 4), (2, 2, 2)), ((3, 2, 2), (3, 1, 1)),
-                  ((2, 2, 2), (2, 2, 2), (2, 1, 1)))
-
-
 @st.composite
 def mopteq_cases(draw: Any, acts: tuple[str, ...] = ACTIVATIONS,
                  norm: tuple[float, float] = (0.1, 0.5), lam: tuple[float, float] = (0.0, 0.1)
@@ -377,7 +228,7 @@ def mopteq_cases(draw: Any, acts: tuple[str, ...] = ACTIVATIONS,
     parts) and ``λ ≤ 0.1``.  The decorrelation D has a discontinuous gradient (sign changes), so
     no contraction certificate exists; instances whose solve does not converge are rejected by
     the property (``ReferenceFailure``)."""
-    shapes = draw(st.sampled_from(_MOPTEQ_SHAPES))
+    shapes = draw(st.sampled_from(MOPTEQ_SHAPES))
     d = draw(st.integers(1, 4))
     sizes = [int(np.prod(s)) for s in shapes]
     Ws = [draw(spectral_matrices(k, k, norm)) for k in sizes]
@@ -386,41 +237,6 @@ def mopteq_cases(draw: Any, acts: tuple[str, ...] = ACTIVATIONS,
     x = draw(arrays((draw(st.integers(1, 3)), d), -2.0, 2.0))
     return mopteq_case(shapes, Ws, Us, bs, x, activation=draw(activations(acts)),
                        lam=draw(st.floats(*lam)))
-
-
-# ----------------------------------------------------------------------------- GEQ
-@dataclass
-class GEQCase:
-    objective: Any
-    x: torch.Tensor          # (B, d) inputs
-    x2: torch.Tensor         # (B, d) second inputs (input-Lipschitz bound)
-    z: torch.Tensor          # (B, n) probe states
-    z2: torch.Tensor
-    activation: str
-    gamma: float
-    patch: bool
-
-    def __repr__(self) -> str:
-        w = self.objective.symbol("W").value
-        return (f"GEQCase(act={self.activation}, gamma={self.gamma:g}, patch={self.patch}, "
-                f"W{tuple(w.shape)} ||W||={float(torch.linalg.matrix_norm(w, 2)):.4g})")
-
-
-def geq_case(W: np.ndarray, U: np.ndarray, b: np.ndarray, x: np.ndarray, x2: np.ndarray,
-             z: np.ndarray, z2: np.ndarray, *, activation: str = "relu", gamma: float = 0.5,
-             W_h: np.ndarray | None = None) -> GEQCase:
-    """Builder; with ``W_h`` (``4×h``) the patch-split kernel on a ``(1, 4, 4)`` layout."""
-    p, n = W.shape
-    d = U.shape[1]
-    if W_h is None:
-        obj = models.geq(n=n, p=p, d=d, activation=activation, gamma=gamma)
-        set_weights(obj, W=W, U=U, b=b)
-    else:
-        obj = models.geq(n=n, p=16, d=d, activation=activation, gamma=gamma, patch=2,
-                         image=(1, 4, 4), h=W_h.shape[1])
-        set_weights(obj, W=W, U=U, b=b, W_h=W_h)
-    tt = lambda a: torch.as_tensor(a, dtype=T64)  # noqa: E731
-    return GEQCase(obj, tt(x), tt(x2), tt(z), tt(z2), activation, float(gamma), W_h is not None)
 
 
 @st.composite
@@ -441,11 +257,6 @@ def geq_cases(draw: Any, acts: tuple[str, ...] = ACTIVATIONS, patch: bool | None
     zs = [draw(arrays((bsz, n), -2.0, 2.0)) for _ in range(2)]
     return geq_case(W, U, b, xs[0], xs[1], zs[0], zs[1], activation=draw(activations(acts)),
                     gamma=draw(st.floats(0.05, 2.0)), W_h=wh)
-
-
-def rng_arrays(seed: int) -> np.random.Generator:
-    """A numpy generator for fixed examples (tests' broken-rule witnesses)."""
-    return np.random.default_rng(seed)
 
 
 @st.composite

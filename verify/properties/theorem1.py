@@ -1,4 +1,5 @@
-"""Theorem 1 (MATH §2) and Lemma 5 (NeurIPS OptEq appendix E.1): the OptEq layer is a proximal
+"""Theorem 1 (docs/theory.md §2) and Lemma 5 (NeurIPS OptEq appendix E.1): the OptEq layer is a
+proximal
 operator of a convex function.
 
 ``ψ(z) = (1/μ)Σσ̃(Wz + q)``, ``μ ≥ L_σ||W||₂²``, ``φ = ψ* − ½||·||²``:
@@ -14,7 +15,7 @@ import torch
 import lowering
 
 from ._common import ROUND, check, jacobian, nrm
-from .strategies import OptEqCase
+from .cases import OptEqCase
 
 
 def _layer(case: OptEqCase) -> tuple[Any, Any]:
@@ -31,7 +32,7 @@ def _layer(case: OptEqCase) -> tuple[Any, Any]:
 
 
 def theorem1_firm_nonexpansive(case: OptEqCase) -> dict[str, float]:
-    """Theorem 1 (MATH §2): ``T = prox_φ`` with ``φ`` convex, hence firmly nonexpansive:
+    """Theorem 1 (docs/theory.md §2): ``T = prox_φ`` with ``φ`` convex, hence firmly nonexpansive:
     ``||Tu − Tv||² ≤ <Tu − Tv, u − v>`` for all ``u, v`` (same input ``x``).
 
     Tolerance: ``ROUND·(1 + ||u|| + ||v||)·||u − v||`` — both sides are float64 expressions of
@@ -54,7 +55,8 @@ def theorem1_firm_nonexpansive(case: OptEqCase) -> dict[str, float]:
 
 
 def theorem1_jacobian(case: OptEqCase) -> dict[str, float]:
-    """Theorem 1 (MATH §2): ``J = ∂T/∂z = (1/μ)Wᵀ diag(σ') W`` is symmetric with eigenvalues in
+    """Theorem 1 (docs/theory.md §2): ``J = ∂T/∂z = (1/μ)Wᵀ diag(σ') W`` is symmetric with
+    eigenvalues in
     ``[0, 1]`` (``T = ∇ψ`` with ``ψ`` convex and 1-smooth), at every probe point (autograd's
     one-sided derivative at kinks is still in ``[0, L_σ]``, so the claim holds there too).
 
@@ -88,6 +90,7 @@ def lemma5_prox_characterization(case: OptEqCase) -> dict[str, float]:
     (a) ``f(z) = ∇ψ(z)`` with ``∇ψ`` by autograd of ``ψ``'s value (not its gradient rule), and
         the first-order convexity inequality ``ψ(v) ≥ ψ(u) + <f(u), v − u>``;
     (b) ``||f(u) − f(v)|| ≤ ||u − v||``;
+
     (i) ``f(x) = prox_φ(x)``: ``φ(f(x)) + ½||f(x) − x||² ≤ φ(w) + ½||w − x||²`` for the
         competitors ``w ∈ {f(x'), ½(f(x) + f(x'))}`` (points of ``dom φ``; outside it φ = +∞).
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import models
-from .errors import ConvexEqError
-from .terms import L1, moreau
+import lowering
+from convex_eq import models
+from convex_eq.errors import ConvexEqError
+from convex_eq.terms import L1, moreau
 
 
 def _h(title: str) -> None:
@@ -15,8 +16,6 @@ def _h(title: str) -> None:
 
 def run(seed: int = 0) -> None:
     """Print the tour (each step uses only public API)."""
-    import lowering
-
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(4)
 

@@ -25,12 +25,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import models
-from .errors import ConvergenceWarning
-from .terms import L1, moreau
+import lowering
+from convex_eq import models
+from convex_eq.errors import ConvergenceWarning
+from convex_eq.terms import L1, moreau
 
 IMAGE = (1, 8, 8)
 MLP = "MLP (same #params)"
+#: the equilibrium layers are trained and compared in this dtype (named in plot titles)
+DTYPE = torch.float32
+DTYPE_NAME = str(DTYPE).removeprefix("torch.")
 #: training order (longest first, so that two workers finish close together)
 TRAIN_ORDER = ("OptEq + ℓ1", "OptEq Moreau skip", "OptEq", "GEQ (Gaussian kernel)", MLP)
 
@@ -126,7 +130,7 @@ class EquilibriumClassifier(nn.Module):
                                        backward_max_iter=2 * cfg.max_iter,
                                        on_nonconvergence="warn", weight_control=wc,
                                        weight_bounds=weight_bounds, margin=0.02,
-                                       dtype=torch.float32)
+                                       dtype=DTYPE)
         c = derived.blocks[0].shape[0]
         pool = nn.MaxPool2d(2) if cfg.pool == "max" else (
             nn.AvgPool2d(2) if cfg.pool == "avg" else nn.Identity())
@@ -216,8 +220,6 @@ def _init_worker(q: Any) -> None:
 def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = False) -> dict:
     """Train model ``name`` on digits, verify its equilibrium layer on test inputs; returns the
     ``Result``, the layer's effective weights and its test features (picklable)."""
-    import lowering
-
     torch.set_num_threads(1)
     data = load_data(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -293,9 +295,10 @@ class Trainer:
 
 # ----------------------------------------------------------------------------- verification
 def verify_model(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
-    """Worst verification gap of the trained layer on ``k`` test inputs (MATH §9 reference):
+    """Worst verification gap of the trained layer on ``k`` test inputs (docs/theory.md §9
+    reference):
     relative state error vs CVXPY / the local reference, and the verdict."""
-    from verify.check import check
+    from verify.check import check  # not at the top: the training workers never verify
 
     rep = check(model.eq, x[:k].double())
     errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]
@@ -311,16 +314,40 @@ def effective_weights(eq: Any) -> dict[str, torch.Tensor]:
                 if k in eq.weights}
 
 
-def residual_traces(derived: Any, eq_state: dict, x: torch.Tensor) -> dict[str, np.ndarray]:
-    """Mean relative residual per iteration for each solver on a trained layer."""
+#: the solver comparison on the trained layer (in ``DTYPE``): a tolerance float32 reaches
+TRACE_TOL, TRACE_MAX_ITER = 1e-6, 60
+
+
+@dataclass
+class ResidualTrace:
+    """One solver on the trained layer (means over the test batch).
+
+    ``returned[k]``: residual of the iterate the module would return after ``k + 1``
+    iterations (the solvers return their best iterate: a running minimum of ``last``);
+    ``last[k]``: residual of the ``k + 1``-th iterate itself."""
+
+    returned: np.ndarray
+    last: np.ndarray
+    iterations: float
+    converged: float
+    batch: int
+
+
+def residual_traces(derived: Any, eq_state: dict, x: torch.Tensor) -> dict[str, ResidualTrace]:
+    """Relative residual per iteration of each solver on a trained layer."""
     out = {}
     for solver in ("plain", "anderson", "broyden"):
-        mod = derived.torch_module(solver=solver, tol=1e-8, max_iter=60,
-                                   on_nonconvergence="warn", dtype=torch.float32)
+        mod = derived.torch_module(solver=solver, tol=TRACE_TOL, max_iter=TRACE_MAX_ITER,
+                                   on_nonconvergence="warn", dtype=DTYPE)
         mod.load_state_dict(eq_state, strict=False)
         with torch.no_grad(), _quiet():
             _, st = mod(x, return_stats=True)
-        out[solver] = st.residuals.mean(0).numpy()
+        res = st.residuals.double().numpy()
+        best = np.minimum.accumulate(res, axis=1)
+        out[solver] = ResidualTrace(returned=best.mean(0), last=res.mean(0),
+                                    iterations=st.mean_iterations,
+                                    converged=float(st.converged.double().mean()),
+                                    batch=int(x.shape[0]))
     return out
 
 
@@ -336,39 +363,78 @@ class _quiet:
         self._w.__exit__(*a)
 
 
-def write_plots(out: Path, results: list[Result], traces: dict[str, np.ndarray],
+def write_plots(out: Path, results: list[Result], traces: dict[str, ResidualTrace],
                 sparsity: dict[str, np.ndarray]) -> list[str]:
+    """``training_curves.png``, ``residuals.png``, ``sparsity.png`` in ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     files = []
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     for r in results:
         ep = [h["epoch"] for h in r.history]
-        ax[0].plot(ep, [h["loss"] for h in r.history], label=r.name)
-        ax[1].plot(ep, [h["test_acc"] for h in r.history], label=r.name)
-    ax[0].set(xlabel="epoch", ylabel="train loss", yscale="log")
+        style = {"marker": "o", "ms": 4} if len(ep) <= 30 else {}  # one epoch: a visible point
+        ax[0].plot(ep, [h["loss"] for h in r.history], label=r.name, **style)
+        ax[1].plot(ep, [h["test_acc"] for h in r.history], label=r.name, **style)
+    losses = [h["loss"] for r in results for h in r.history]
+    log_loss = bool(losses) and max(losses) > 10 * min(losses) > 0
+    ax[0].set(xlabel="epoch", ylabel="train loss (mean over the epoch)",
+              yscale="log" if log_loss else "linear")
     ax[1].set(xlabel="epoch", ylabel="test accuracy")
+    epochs = max((len(r.history) for r in results), default=1)
+    for a in ax:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if epochs <= 3:  # a single point needs room around it and a whole-number tick
+            a.set_xlim(0.5, epochs + 0.5)
+            a.set_xticks(range(1, epochs + 1))
     ax[1].legend(fontsize=7)
+    fig.suptitle(f"training on load_digits (equilibrium layers in {DTYPE_NAME})", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "training_curves.png", dpi=120)
     files.append("training_curves.png")
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
     for s, tr in traces.items():
-        ax.semilogy(np.arange(1, len(tr) + 1), tr, label=s)
-    ax.set(xlabel="iteration", ylabel="mean relative residual", title="trained OptEq layer")
-    ax.legend()
+        k = np.arange(1, len(tr.returned) + 1)
+        style = {"marker": "o", "ms": 3} if len(k) <= 15 else {}
+        (line,) = ax.semilogy(k, tr.returned, label=f"{s} (returned iterate)", **style)
+        if np.any(tr.last > 1.5 * tr.returned):  # visibly above: the iterates went back up
+            ax.semilogy(k, tr.last, ls=":", lw=1, color=line.get_color(),
+                        label=f"{s} (k-th iterate itself)")
+    ax.axhline(TRACE_TOL, color="k", ls="--", lw=0.8, label=f"tol {TRACE_TOL:g}")
+    ax.set(xlabel="iteration k", ylabel="mean relative residual ||T(z) - z|| / ||T(z)||",
+           title=f"trained OptEq layer, {DTYPE_NAME}, "
+           f"{next(iter(traces.values())).batch} test inputs")
+    ax.title.set_fontsize(10)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "residuals.png", dpi=120)
     files.append("residuals.png")
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for name, v in sparsity.items():
-        ax.hist(np.log10(np.abs(v) + 1e-8), bins=60, alpha=0.6, label=name)
-    ax.set(xlabel="log10 |z*| (test features)", ylabel="count")
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    nonzero = [np.log10(np.abs(v[v != 0])) for v in sparsity.values()]
+    lo = min((float(n.min()) for n in nonzero if n.size), default=-1.0)
+    hi = max((float(n.max()) for n in nonzero if n.size), default=1.0)
+    bins = np.linspace(np.floor(lo), np.ceil(hi) + 1e-9, 41)
+    step = bins[1] - bins[0]
+    zero_x = bins[0] - 5 * step  # the exact zeros: a labelled bar left of the log axis
+    for i, ((name, v), nz) in enumerate(zip(sparsity.items(), nonzero)):
+        (_, _, patches) = ax.hist(nz, bins=bins, alpha=0.6, label=name)
+        color = patches[0].get_facecolor() if patches else None
+        zeros = int((v == 0).sum())
+        ax.bar(zero_x + (i - 0.5) * step, zeros, width=step, color=color, alpha=0.9)
+        ax.annotate(f"{100 * zeros / max(1, v.size):.0f}%", (zero_x + (i - 0.5) * step, zeros),
+                    ha="center", va="bottom", fontsize=7)
+    ticks = [t for t in ax.get_xticks() if bins[0] - 1e-9 <= t <= bins[-1]]
+    ax.set_xticks([zero_x, *ticks], ["0\n(exact)", *(f"{t:g}" for t in ticks)])
+    ax.axvline(bins[0] - 2.5 * step, color="0.6", lw=0.8, ls=":")
+    ax.set(xlabel="log10 |z*| of the nonzero entries; left: exactly zero (test features)",
+           ylabel="entries")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "sparsity.png", dpi=120)
@@ -391,8 +457,6 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
         workers: int | None = None) -> dict:
     """Run the whole demo; returns the results (also written to ``out``).  ``workers``:
     training processes (default ``DemoConfig.workers`` = 2; 1 trains in this process)."""
-    import lowering
-
     # the layers are small: one thread avoids OpenMP hand-off/spin costs that dominate tiny
     # convolutions (and make them 100x slower when the machine is busy)
     torch.set_num_threads(1)
@@ -474,7 +538,8 @@ def _zero_fraction(v: np.ndarray) -> float:
 
 
 def _report(cfg: DemoConfig, derived: dict, results: list[Result], plots: list[str],
-            traces: dict[str, np.ndarray], sparsity: dict[str, np.ndarray], total: float) -> str:
+            traces: dict[str, ResidualTrace], sparsity: dict[str, np.ndarray], total: float
+            ) -> str:
     lines = ["# convex-eq demo report", "",
              f"Configuration: {json.dumps(cfg.__dict__)}; total time {total:.0f} s.", "",
              "## Derived layers", ""]
@@ -484,12 +549,18 @@ def _report(cfg: DemoConfig, derived: dict, results: list[Result], plots: list[s
               nonconvergence_note(results, cfg), "",
               "![training curves](training_curves.png)", "",
               "## Solvers on the trained OptEq layer", "",
-              "| solver | iterations shown | final mean residual |", "|---|---|---|"]
+              f"{DTYPE_NAME}, tol {TRACE_TOL:g}, at most "
+              f"{TRACE_MAX_ITER} iterations; the residual is that of the iterate the module "
+              "returns (each solver returns its best iterate).", "",
+              "| solver | mean iterations | converged | mean residual of the returned state |",
+              "|---|---|---|---|"]
     for s, tr in traces.items():
-        lines.append(f"| {s} | {len(tr)} | {tr[-1]:.2e} |")
+        lines.append(f"| {s} | {tr.iterations:.1f} | {100 * tr.converged:.0f} % | "
+                     f"{tr.returned[-1]:.2e} |")
     lines += ["", "![residuals](residuals.png)", "", "## Feature sparsity", ""]
     for n, v in sparsity.items():
-        lines.append(f"- {n}: fraction of |z*| < 1e-6·max = {_zero_fraction(v):.3f}, "
+        lines.append(f"- {n}: exactly zero {float((v == 0).mean()):.3f}, "
+                     f"|z*| < 1e-6·max {_zero_fraction(v):.3f}, "
                      f"median |z*| = {float(np.median(np.abs(v))):.3e}")
     lines += ["", "![sparsity](sparsity.png)", ""]
     _ = math

@@ -1,0 +1,140 @@
+"""``convex-eq`` command line: ``derive``, ``verify``, ``tour``, ``demo``, ``bench``.
+
+User mistakes print one line naming the command and the step that failed, plus a hint, and
+exit 2; ``--debug`` shows tracebacks; ``-v`` logs each step (``-vv``: debug details).  Only the
+standard library is imported until a command runs, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .steps import StepFailed, step
+from .verify_command import add_parser as add_verify
+
+log = logging.getLogger("convex_eq_app")
+#: the source checkout's ``benchmarks/`` (not installed with the package)
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def cmd_derive(args: argparse.Namespace) -> int:
+    """Print the derivation (plain text or LaTeX) of the loaded object."""
+    from .loading import load_and_lower
+
+    layer = load_and_lower(args)
+    with step("print"):
+        print(layer.latex() if args.latex else layer.describe())
+    return 0
+
+
+def cmd_tour(args: argparse.Namespace) -> int:
+    """Run the objective-language tour."""
+    from .tour import run
+
+    with step("tour"):
+        run(seed=args.seed)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo (derive, verify, edit and train on load_digits)."""
+    from .demo import run
+
+    with step("demo"):
+        run(out=args.out, quick=args.quick, progress=not args.no_progress, workers=args.workers)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``python -m benchmarks.run ARGS`` from the source checkout (a script, not installed)."""
+    if not (BENCHMARKS / "run.py").is_file():
+        from .loading import CLIError
+
+        with step("find benchmarks"):
+            raise CLIError(f"the benchmarks are not installed with the package (no {BENCHMARKS})",
+                           hint="clone the repository and run convex-eq bench from an editable "
+                           "install (pip install -e .) or python -m benchmarks.run there")
+    root = str(BENCHMARKS.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "benchmarks.run", *args.bench_args]
+    log.info("running %s (PYTHONPATH=%s)", " ".join(cmd), root)
+    return subprocess.call(cmd, env=env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``convex-eq`` parser with its subcommands."""
+    p = argparse.ArgumentParser(prog="convex-eq", description=(
+        "Optimization-induced equilibrium networks: derive the fixed-point layer of a hidden "
+        "objective, verify its equilibrium, run the tour, the demo or the benchmarks."))
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log each step to stderr (-vv: debug details)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("derive", help="print the derivation, certificate and contraction",
+                       description="Lower the objective or model that FILE[:NAME] defines and "
+                       "print its derivation, certificate and contraction estimate.")
+    d.add_argument("spec", help="FILE[:NAME] of a Python file defining an objective")
+    d.add_argument("--latex", action="store_true", help="print LaTeX instead of plain text")
+    d.add_argument("--regularizer", choices=["auto", "prox", "gradient"])
+    d.add_argument("--deep-form", choices=["composition", "multiblock"])
+    d.set_defaults(func=cmd_derive)
+    add_verify(sub)
+    t = sub.add_parser("tour", help="objective-language tour (declare, certify, export, derive)")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_tour)
+    dm = sub.add_parser("demo", help="derive, verify, edit and train on load_digits (< 5 min)")
+    dm.add_argument("--quick", action="store_true", help="< 1 minute version (smoke test)")
+    dm.add_argument("--out", default="convex_eq_out", help="output folder (report + plots)")
+    dm.add_argument("--no-progress", action="store_true", help="hide tqdm progress bars")
+    dm.add_argument("--workers", type=int, default=None,
+                    help="training processes, one thread each (default 2; 1 = in-process)")
+    dm.set_defaults(func=cmd_demo)
+    b = sub.add_parser("bench", add_help=False,
+                       help="benchmarks vs cvxpylayers, torchdeq, a hand loop (source checkout; "
+                       "convex-eq bench --help lists its options)")
+    b.set_defaults(func=cmd_bench)  # its arguments go to python -m benchmarks.run (see main)
+    return p
+
+
+def _configure_logging(verbose: int) -> None:
+    """Log to stderr (unless the host already configured logging) at WARNING, INFO (-v) or
+    DEBUG (-vv); the level is set on the root logger, so a library module that logs under its
+    own name (``logging.getLogger(__name__)``) is shown too."""
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``convex-eq``; returns the exit code."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.bench_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _configure_logging(args.verbose)
+    where = f"convex-eq {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except StepFailed as failed:
+        if args.debug:
+            raise
+        print(f"error: {where} {failed}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        errors = sys.modules.get("convex_eq.errors")  # loaded by every command that can raise it
+        if args.debug or errors is None or not isinstance(err, errors.ConvexEqError):
+            raise
+        print(f"error: {where}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""``compile_disabled``: ``torch.compiler.disable`` without importing ``torch._dynamo`` early."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def compile_disabled(fn: F) -> F:
+    """``torch.compiler.disable(fn)``, built the first time ``fn`` runs with dynamo loaded.
+
+    Decorating with ``torch.compiler.disable`` at definition imports ``torch._dynamo`` (and with it
+    sympy, ~1 s) when ``lowering`` is imported.  ``torch.compile`` imports dynamo before it traces
+    anything, so until then no compiled caller can exist and ``fn`` runs as is; afterwards every
+    call goes through the disabled wrapper (same graph breaks as the decorator at definition).
+    """
+    disabled: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal disabled
+        if disabled is None:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call  # type: ignore[return-value]

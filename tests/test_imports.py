@@ -1,0 +1,108 @@
+"""Lazy imports: declaring, lowering and running a layer loads no cvxpy, sympy or scipy.
+
+Each check runs in a fresh interpreter (``sys.modules`` of the test process already holds
+everything); the heavy libraries are allowed exactly where a user asks for them: an export
+(``to_cvxpy``), a symbolic activation (``from_sympy``) or ``verify``.  (The first backward pass
+does load sympy: torch's own ``autograd.grad(..., grad_outputs)`` imports it, torch 2.13.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("cvxpy", "sympy", "scipy", "clarabel", "scs", "matplotlib", "hypothesis")
+
+
+def _run(code: str) -> str:
+    """Run ``code`` in a fresh interpreter at the repository root; return its stdout."""
+    prelude = f"import sys\nHEAVY = {HEAVY!r}\n"
+    r = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_import_and_emitted_module_load_no_heavy_dependency() -> None:
+    out = _run("""
+        import convex_eq, lowering
+        print(sorted(m for m in HEAVY if m in sys.modules))
+        import torch
+        from convex_eq import models
+        phi = models.opteq(n=6, m=6, d=4, activation="relu", form="conjugate", seed=0)
+        module = lowering.lower(phi).torch_module()
+        z = module(torch.randn(3, 4))
+        assert z.shape == (3, 6), z.shape
+        print(sorted(m for m in HEAVY if m in sys.modules))
+    """)
+    after_import, after_forward = out.strip().splitlines()[-2:]
+    assert after_import == "[]", f"eager import came back: {after_import}"
+    assert after_forward == "[]", f"lowering or the forward pass imported {after_forward}"
+
+
+def test_export_and_symbolic_activation_load_on_demand() -> None:
+    out = _run("""
+        import convex_eq
+        from convex_eq import models
+        phi = models.opteq(n=4, m=4, d=3, activation="relu", form="conjugate", seed=0)
+        before = "cvxpy" in sys.modules
+        phi.to_cvxpy(x=[0.1, 0.2, 0.3])
+        s = "sympy" in sys.modules
+        import sympy
+        t = sympy.Symbol("t")
+        act = convex_eq.from_sympy(t / (1 + abs(t)) / 2 + t / 2, t)
+        print(before, "cvxpy" in sys.modules, s, "sympy" in sys.modules, act.lipschitz)
+    """)
+    before, after, s_before, s_after, lip = out.split()
+    assert (before, after, s_before, s_after) == ("False", "True", "False", "True")
+    assert float(lip) == 1.0  # sup σ' = 1/2 + 1/2 exactly (symbolic)
+
+
+def test_not_dcp_error_is_a_cvxpy_dcp_error_in_either_import_order() -> None:
+    for first in ("import convex_eq, cvxpy", "import cvxpy, convex_eq"):
+        out = _run(f"""
+            {first}
+            from convex_eq import NotDCPError, ExportError
+            err = NotDCPError("not DCP", term="t")
+            try:
+                raise err
+            except cvxpy.error.DCPError as caught:
+                print(issubclass(NotDCPError, ExportError), caught is err)
+        """)
+        assert out.split() == ["True", "True"], first
+
+
+def test_help_loads_no_heavy_dependency() -> None:
+    out = _run("""
+        from convex_eq_app.cli import main
+        try:
+            main(["--help"])
+        except SystemExit:
+            pass
+        for cmd in ("derive", "verify", "demo", "tour", "bench"):
+            try:
+                main([cmd, "--help"])
+            except SystemExit:
+                pass
+        print(sorted(m for m in HEAVY + ("torch",) if m in sys.modules))
+    """)
+    assert out.strip().splitlines()[-1] == "[]", out
+
+
+def test_verify_properties_import_without_hypothesis() -> None:
+    out = _run("""
+        sys.modules["hypothesis"] = None  # as on a plain install: import hypothesis fails
+        import verify.properties as P
+        from verify.properties.cases import opteq_case
+        print(len(P.PROPERTIES))
+        try:
+            P.PROPERTIES[0].strategy()
+        except ImportError as err:
+            print("refused:", err)
+    """)
+    count, refused = out.strip().splitlines()
+    assert int(count) > 0
+    assert refused.startswith("refused:") and "pip install 'convex-eq[test]'" in refused
