@@ -31,10 +31,10 @@ from convex_eq.errors import (
 )
 from convex_eq.symbols import Symbol
 
+from ._compile import compile_disabled
 from .backward import AdjointConfig, FixedPointProblem, get_backward
 from .config import ModuleConfig, build_config
 from .nodes import broadcast_batch
-from ._compile import compile_disabled
 from .sam import sam_iterate
 from .solvers import SolverStats, Tracker, get_solver
 from .weight_control import WeightControl, norm_conditions
