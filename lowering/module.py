@@ -42,6 +42,10 @@ from .weight_control import WeightControl, norm_conditions
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
     from .derived import DerivedLayer
 
+#: ``lowering.lower``, registered by the package (the module sits below the rules it would
+#: otherwise import): unpickling re-derives a layer whose derivation holds closures
+RELOWER: Any = None
+
 BACKWARDS = ("implicit", "phantom", "unroll")
 ON_FAIL = ("raise", "warn", "mask")
 #: dtypes solved internally in float32 (their 8-/11-bit mantissas cannot reach useful tolerances)
@@ -153,12 +157,17 @@ class EquilibriumModule(nn.Module):
         return sum(b.size for b in self.blocks)
 
     # ------------------------------------------------------------------ state dict / pickle
-    def get_extra_state(self) -> dict[str, str]:
-        """The derivation's fingerprint, saved in ``state_dict``."""
-        return {"fingerprint": self._fingerprint, "layer": self._describe_layer()}
+    def get_extra_state(self) -> dict[str, Any]:
+        """The derivation's fingerprint and the weight-control targets, saved in
+        ``state_dict`` (raw weights mean the trained layer only together with them)."""
+        targets = ({name: t for _, name, t in self.weight_control.targets}
+                   if self.weight_control is not None else {})
+        return {"fingerprint": self._fingerprint, "layer": self._describe_layer(),
+                "weight_targets": targets}
 
     def set_extra_state(self, state: Any) -> None:
-        """Refuse weights saved from a different layer (same names and shapes, other ``T``)."""
+        """Refuse weights saved from a different layer (same names and shapes, other ``T``);
+        adopt the saved weight-control targets."""
         theirs = state.get("fingerprint") if isinstance(state, dict) else None
         if theirs != self._fingerprint:
             raise ShapeError(
@@ -167,6 +176,17 @@ class EquilibriumModule(nn.Module):
                 f"({self._describe_layer()}, fingerprint {self._fingerprint})",
                 term="load_state_dict",
                 hint="lower the same objective with the same rules before loading its weights")
+        targets = state.get("weight_targets") or {}
+        if self.weight_control is not None:
+            self.weight_control.targets = [(op, name, float(targets.get(name, t)))
+                                           for op, name, t in self.weight_control.targets]
+        elif targets:
+            from .weight_control import WeightControlWarning
+
+            warnings.warn("the state_dict was saved by a module with weight control (targets "
+                          f"{targets}); this module has none, so its layer uses the raw "
+                          "weights, not the controlled ones that were trained",
+                          WeightControlWarning, stacklevel=2)
 
     def _describe_layer(self) -> str:
         rules = [getattr(s, "rule", "?") for s in getattr(self.derived.derivation, "steps", [])]
@@ -189,9 +209,10 @@ class EquilibriumModule(nn.Module):
         source = state.pop("_relower_source", None)
         super().__setstate__(state)
         if source is not None:
-            from .lower import lower
-
-            derived = lower(source)
+            if RELOWER is None:
+                raise ShapeError("cannot re-derive the unpickled layer: lowering.lower is not "
+                                 "registered", term="unpickle", hint="import lowering first")
+            derived = RELOWER(source)
             if fingerprint(derived) != self._fingerprint:
                 raise ShapeError("the unpickled layer re-derives to a different layer "
                                  f"({fingerprint(derived)} ≠ {self._fingerprint})",
@@ -323,6 +344,9 @@ class EquilibriumModule(nn.Module):
                 bad_in |= bad
         keep = ~bad_in
         if bool(bad_in.any()):
+            warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
+                          "outputs are NaN and they are excluded from the solve and the backward "
+                          "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=2)
             inputs = {k: v[keep] for k, v in inputs.items()}
             z0 = z0[keep]
         keys_in, keys_env = list(inputs), list(env)

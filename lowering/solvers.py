@@ -157,8 +157,8 @@ class Tracker:
             fz, z = fz.detach(), z.detach()
         r = scaled_rel_residual(fz - z if d is None else d.detach(), fz).to(self.best_res.dtype)
         self.hist.append(r)
-        bad = ~torch.isfinite(r) | ~torch.isfinite(z).all(dim=1)
-        self.nonfinite |= bad
+        # a non-finite z, f(z) or difference makes r NaN (the scale s is then inf or NaN)
+        self.nonfinite |= ~torch.isfinite(r)
         r = torch.where(self.nonfinite, torch.full_like(r, float("inf")), r)
         better = r < self.best_res
         self.best = torch.where(better[:, None], z, self.best)
