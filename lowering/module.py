@@ -1,13 +1,20 @@
 """The emitted ``nn.Module``: a derived layer with real solvers and backward modes.
 
-Forward: solve ``z = T(z, x)`` (plain / Anderson / Broyden, or SAM); backward: implicit
-differentiation (adjoint fixed point ``g = Jᵀg + ∂ℓ/∂z``), phantom gradient (last ``k``
-applications of ``T``), or unrolled ``K`` steps from the initial point.
+Forward: solve ``z = T(z, x)`` (a registered solver, or SAM) without autograd; then a backward
+strategy from :mod:`lowering.backward` re-attaches the gradient (implicit, phantom, unroll).
+Options are grouped in :class:`lowering.config.ModuleConfig` (flat keywords accepted).
+See ``docs/guide.md`` (training the emitted module) and ``docs/theory.md`` §8.
+
+Guarantees: a sample is reported converged only if the returned iterate meets the tolerance
+(scaled residuals, any dtype); non-convergence and NaN/Inf are never silent (``raise``: a typed
+error naming the sample indices; ``warn``: a warning naming them; ``mask``: those samples'
+outputs are NaN and excluded from the backward); with weight control on (the default whenever
+the certificate has a norm condition) the certified norm never exceeds its bound.
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -25,55 +32,62 @@ from convex_eq.errors import (
 from convex_eq.symbols import Symbol
 
 from ._compile import compile_disabled
+from .backward import AdjointConfig, FixedPointProblem, get_backward
+from .config import ModuleConfig, build_config
 from .nodes import broadcast_batch
-from .sam import SAMConfig, sam_iterate
-from .solvers import SolverStats, get_solver, rel_residual
-from .weight_control import WeightControl
+from .sam import sam_iterate
+from .solvers import SolverStats, Tracker, get_solver
+from .weight_control import WeightControl, norm_conditions
 
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
     from .derived import DerivedLayer
 
+#: ``lowering.lower``, registered by the package (the module sits below the rules it would
+#: otherwise import): unpickling re-derives a layer whose derivation holds closures
+RELOWER: Any = None
+
 BACKWARDS = ("implicit", "phantom", "unroll")
-ON_FAIL = ("raise", "warn")
+ON_FAIL = ("raise", "warn", "mask")
+#: dtypes solved internally in float32 (their 8-/11-bit mantissas cannot reach useful tolerances)
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _indices(mask: torch.Tensor, limit: int = 10) -> str:
+    idx = [int(i) for i in torch.nonzero(mask).flatten()]
+    return ", ".join(map(str, idx[:limit])) + (", …" if len(idx) > limit else "")
+
+
+def fingerprint(derived: DerivedLayer) -> str:
+    """A short hash of what the layer *is*: the objective, the rules applied and ``T``."""
+    rules = [getattr(s, "rule", "") for s in getattr(derived.derivation, "steps", [])]
+    text = "|".join([str(derived.source), ";".join(map(str, rules)),
+                     " ".join(f"{b.name}:{b.shape}" for b in derived.blocks),
+                     str(getattr(derived.claim, "kind", derived.claim))])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class EquilibriumModule(nn.Module):
-    """``z* = T(z*, x)`` as a trainable layer (weights are ``nn.Parameter``s)."""
+    """``z* = T(z*, x)`` as a trainable layer (weights are ``nn.Parameter``s).
 
-    def __init__(self, derived: DerivedLayer, *, solver: str = "anderson",
-                 backward: str = "implicit", tol: float = 1e-6, max_iter: int = 100,
-                 solver_options: dict | None = None, backward_solver: str | None = None,
-                 backward_tol: float | None = None, backward_max_iter: int | None = None,
-                 phantom_steps: int = 1, phantom_damping: float = 1.0, unroll_steps: int = 20,
-                 on_nonconvergence: str = "raise", weight_control: str | None = None,
-                 margin: float = 0.01, weight_bounds: dict[str, float] | None = None,
-                 sam: SAMConfig | None = None,
-                 dtype: torch.dtype = torch.float32, learnable_constants: bool = False):
+    Build it with ``derived.torch_module(**options)``; the options are the fields of
+    :class:`~lowering.config.ModuleConfig` (see :data:`lowering.config.FLAT_OPTIONS`)."""
+
+    def __init__(self, derived: DerivedLayer, config: ModuleConfig | None = None,
+                 **options: Any):
         super().__init__()
-        get_solver(solver)
-        get_solver(backward_solver or solver)
-        if backward not in BACKWARDS:
-            raise OptionError(f"unknown backward mode {backward!r}", term="torch_module",
-                              hint=f"use one of {BACKWARDS}")
-        if on_nonconvergence not in ON_FAIL:
-            raise OptionError(f"on_nonconvergence={on_nonconvergence!r}", term="torch_module",
-                              hint=f"use one of {ON_FAIL}: non-convergence is never silent")
-        if tol <= 0 or max_iter < 1 or phantom_steps < 1 or unroll_steps < 1:
-            raise OptionError("tol > 0, max_iter ≥ 1, phantom_steps ≥ 1, unroll_steps ≥ 1 required",
-                              term="torch_module")
+        cfg = build_config(config, **options)
+        self.config = cfg
         self.derived = derived
-        self.solver, self.backward = solver, backward
-        self.tol, self.max_iter = float(tol), int(max_iter)
-        self.solver_options = dict(solver_options or {})
-        self.backward_solver = backward_solver or solver
-        self.backward_tol = float(backward_tol if backward_tol is not None else tol)
-        self.backward_max_iter = int(backward_max_iter or max_iter)
-        self.phantom_steps, self.phantom_damping = int(phantom_steps), float(phantom_damping)
-        self.unroll_steps = int(unroll_steps)
-        self.on_nonconvergence = on_nonconvergence
-        self.sam = sam
         self.blocks: list[Symbol] = list(derived.blocks)
         self.input_syms: list[Symbol] = list(derived.inputs)
+        self._batch_coupled = _batch_coupled(derived)
+        if cfg.on_nonconvergence == "mask" and self._batch_coupled:
+            raise OptionError("on_nonconvergence='mask' needs a layer whose samples are "
+                              "independent; this objective couples the batch (its T changes "
+                              "when samples are removed)", term="torch_module",
+                              hint="use on_nonconvergence='raise' or 'warn'")
+        self._strategy = get_backward(cfg.backward.mode)
+        dtype = cfg.dtype
         self.weights = nn.ParameterDict()
         #: declared shapes, checked in env() (a wrongly shaped tensor put into ``weights`` or a
         #: buffer would otherwise surface as a torch broadcasting error deep inside T)
@@ -81,7 +95,7 @@ class EquilibriumModule(nn.Module):
         self._const_names: list[str] = []
         self._scalar_names: list[str] = []
         for s in derived.parameters:
-            if s.kind == "weight" or (s.kind == "constant" and learnable_constants):
+            if s.kind == "weight" or (s.kind == "constant" and cfg.learnable_constants):
                 self.weights[s.name] = nn.Parameter(s.value.detach().clone().to(dtype))
             elif s.kind == "constant":
                 self.register_buffer(f"const_{s.name}", s.value.detach().clone().to(dtype))
@@ -90,53 +104,176 @@ class EquilibriumModule(nn.Module):
                 self.register_buffer(f"scalar_{s.name}",
                                      torch.tensor(float(s.value), dtype=torch.float64))
                 self._scalar_names.append(s.name)
-        if weight_bounds and weight_control is None:
-            raise OptionError("weight_bounds needs weight_control='spectral_norm' or 'project'",
-                              term="torch_module")
-        self.weight_control = WeightControl(derived, weight_control, margin, weight_bounds) \
-            if weight_control is not None else None
-        if self.weight_control is not None:
-            self.weight_control.register(self, dtype)
+        wc = cfg.weight_control
+        mode = wc.mode
+        if mode == "auto":
+            mode = "spectral_norm" if (norm_conditions(derived) or wc.bounds) else None
+        self.weight_control = WeightControl(derived, mode, wc.margin, wc.bounds) \
+            if mode is not None else None
+        if self.weight_control is not None and wc.mode == "auto":
+            self.weight_control.calibrate(self._raw_env())
+        self._checked: dict[str, tuple[int, int]] = {}
+        self._fingerprint = fingerprint(derived)
         self.last_stats: SolverStats | None = None
+        self.last_backward_stats: SolverStats | None = None
 
-    # ------------------------------------------------------------------ env & shapes
-    def env(self) -> dict[str, torch.Tensor]:
-        """Name → tensor for weights (after weight control), constants and scalars."""
+    # ------------------------------------------------------------------ options (read-only views)
+    @property
+    def solver(self) -> str:
+        return self.config.forward.solver
+
+    @property
+    def tol(self) -> float:
+        return self.config.forward.tol
+
+    @property
+    def max_iter(self) -> int:
+        return self.config.forward.max_iter
+
+    @property
+    def backward(self) -> str:
+        return self.config.backward.mode
+
+    @property
+    def on_nonconvergence(self) -> str:
+        return self.config.on_nonconvergence
+
+    @property
+    def sam(self) -> Any:
+        return self.config.sam
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The module's floating dtype (its parameters' after ``.to()``; inputs are cast to it,
+        float16/bfloat16 modules solve in float32)."""
+        ref = next(iter(self.weights.values()), None)
+        if ref is None and self._const_names:
+            ref = getattr(self, f"const_{self._const_names[0]}")
+        return ref.dtype if ref is not None else self.config.dtype
+
+    @property
+    def state_size(self) -> int:
+        """Length of the flat stacked state ``(B, N)`` the solvers iterate on."""
+        return sum(b.size for b in self.blocks)
+
+    # ------------------------------------------------------------------ state dict / pickle
+    def get_extra_state(self) -> dict[str, Any]:
+        """The derivation's fingerprint and the weight-control targets, saved in
+        ``state_dict`` (raw weights mean the trained layer only together with them)."""
+        targets = ({name: t for _, name, t in self.weight_control.targets}
+                   if self.weight_control is not None else {})
+        return {"fingerprint": self._fingerprint, "layer": self._describe_layer(),
+                "weight_targets": targets}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Refuse weights saved from a different layer (same names and shapes, other ``T``);
+        adopt the saved weight-control targets."""
+        theirs = state.get("fingerprint") if isinstance(state, dict) else None
+        if theirs != self._fingerprint:
+            raise ShapeError(
+                f"state_dict was saved from another layer ({state.get('layer', '?')}, "
+                f"fingerprint {theirs}) and cannot be loaded into this one "
+                f"({self._describe_layer()}, fingerprint {self._fingerprint})",
+                term="load_state_dict",
+                hint="lower the same objective with the same rules before loading its weights")
+        targets = state.get("weight_targets") or {}
+        if self.weight_control is not None:
+            self.weight_control.targets = [(op, name, float(targets.get(name, t)))
+                                           for op, name, t in self.weight_control.targets]
+        elif targets:
+            from .weight_control import WeightControlWarning
+
+            warnings.warn("the state_dict was saved by a module with weight control (targets "
+                          f"{targets}); this module has none, so its layer uses the raw "
+                          "weights, not the controlled ones that were trained",
+                          WeightControlWarning, stacklevel=2)
+
+    def _describe_layer(self) -> str:
+        rules = [getattr(s, "rule", "?") for s in getattr(self.derived.derivation, "steps", [])]
+        return f"{' → '.join(map(str, rules)) or 'layer'} of {self.derived.source}"[:200]
+
+    def __getstate__(self) -> dict:
+        """Pickle support: a derived layer that cannot be pickled (closures in its contraction
+        estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
+        state = self.__dict__.copy()
+        try:
+            import pickle
+
+            pickle.dumps(self.derived)
+        except Exception:
+            state["derived"] = None
+            state["_relower_source"] = self.derived.source
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        source = state.pop("_relower_source", None)
+        super().__setstate__(state)
+        if source is not None:
+            if RELOWER is None:
+                raise ShapeError("cannot re-derive the unpickled layer: lowering.lower is not "
+                                 "registered", term="unpickle", hint="import lowering first")
+            derived = RELOWER(source)
+            if fingerprint(derived) != self._fingerprint:
+                raise ShapeError("the unpickled layer re-derives to a different layer "
+                                 f"({fingerprint(derived)} ≠ {self._fingerprint})",
+                                 term="unpickle", hint="unpickle with the same convex-eq version")
+            self.derived = derived
+
+    # ------------------------------------------------------------------ env & inputs
+    def _raw_env(self) -> dict[str, torch.Tensor]:
         env: dict[str, torch.Tensor] = dict(self.weights.items())
         for n in self._const_names:
             env[n] = getattr(self, f"const_{n}")
         for n in self._scalar_names:
             env[n] = getattr(self, f"scalar_{n}")
+        return env
+
+    def env(self) -> dict[str, torch.Tensor]:
+        """Name → tensor for weights (after weight control), constants and scalars.
+
+        Shapes are checked on every call; finiteness of a weight once per change of the weight
+        (``tensor._version``), i.e. once per optimizer step, not on every forward."""
+        env = self._raw_env()
         for n, t in env.items():
             want = self._shapes.get(n)
             if want is not None and tuple(t.shape) != want:
                 raise ShapeError(f"parameter '{n}' has shape {tuple(t.shape)}, the layer "
                                  f"declares {want}", term=n,
                                  hint="load weights of the declared shape")
-            if not bool(torch.isfinite(t).all()):
-                # an Inf weight can give a finite output (relu(-inf) = 0) with NaN gradients
-                raise NonFiniteError(f"parameter '{n}' contains NaN or Inf", term=n,
-                                     hint="check the optimizer step / the loaded state_dict")
+            key = (t._version, t.data_ptr())
+            if self._checked.get(n) != key:
+                if not bool(torch.isfinite(t).all()):
+                    # an Inf weight can give a finite output (relu(-inf) = 0) with NaN gradients
+                    raise NonFiniteError(f"parameter '{n}' contains NaN or Inf", term=n,
+                                         hint="check the optimizer step / the loaded state_dict")
+                self._checked[n] = key
         if self.weight_control is not None:
             env = self.weight_control(self, env)
         return env
 
-    @property
-    def state_size(self) -> int:
-        return sum(b.size for b in self.blocks)
+    def weight_norms(self) -> dict[str, tuple[float, float]]:
+        """``name → (upper bound of the controlled operator norm, target)`` at the current
+        (controlled) weights; empty without weight control."""
+        if self.weight_control is None:
+            return {}
+        with torch.no_grad():
+            return self.weight_control.norms(self.env())
 
     def _inputs(self, x: Any) -> dict[str, torch.Tensor]:
+        if x is None or (isinstance(x, dict) and not x):
+            if self.input_syms:
+                raise ShapeError(f"layer has inputs {[s.name for s in self.input_syms]}",
+                                 term="forward", hint="pass a dict name → tensor")
+            return {}
         if isinstance(x, dict):
             given = x
-        elif x is None and not self.input_syms:  # an input-free objective: mod(None)
-            given = {}
         else:
             if len(self.input_syms) != 1:
                 raise ShapeError(f"layer has inputs {[s.name for s in self.input_syms]}",
                                  term="forward", hint="pass a dict name → tensor")
             given = {self.input_syms[0].name: x}
         out = {}
-        ref = next(iter(self.weights.values()), None)
+        dtype = self.dtype
         for s in self.input_syms:
             if s.name not in given:
                 raise ShapeError(f"missing input '{s.name}'", term="forward")
@@ -148,10 +285,8 @@ class EquilibriumModule(nn.Module):
                     f"input '{s.name}' has shape {tuple(t.shape)}, expected (B, *{s.shape})",
                     term="forward", hint="batch the input along dim 0",
                 )
-            if not torch.isfinite(t).all():
-                raise NonFiniteError(f"input '{s.name}' contains NaN or Inf", term="forward")
-            if ref is not None and t.dtype != ref.dtype:
-                t = t.to(ref.dtype)
+            if t.dtype != dtype:  # documented: inputs are cast to the module's dtype
+                t = t.to(dtype)
             out[s.name] = t.reshape(t.shape[0], s.size)
         sizes = {k: v.shape[0] for k, v in out.items()}
         if len(set(sizes.values())) > 1:
@@ -177,41 +312,107 @@ class EquilibriumModule(nn.Module):
         return shaped[0] if len(shaped) == 1 else tuple(shaped)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x: Any, z0: torch.Tensor | None = None, return_stats: bool = False
-                ) -> Any:
+    def forward(self, x: Any = None, z0: torch.Tensor | None = None,
+                return_stats: bool = False) -> Any:
+        """``z*(x)``: the equilibrium of ``T(·, x)`` (shaped like the state block, or a tuple of
+        blocks), with the gradient of the configured backward strategy; ``return_stats`` also
+        returns the forward :class:`~lowering.solvers.SolverStats`."""
         inputs = self._inputs(x)
         env = self.env()
-        # an input-free layer (mod(None) / mod({})) solves one sample, or z0's batch
-        like = next(iter(inputs.values()), None)
-        if like is None:
-            ref = next(iter(self.weights.values()), torch.zeros(()))
-            like = torch.zeros(z0.shape[0] if isinstance(z0, torch.Tensor) and z0.ndim else 1,
-                               dtype=ref.dtype, device=ref.device)
-        b, dt, dev = like.shape[0], like.dtype, like.device
-        if z0 is None:
-            z0 = torch.zeros(b, self.state_size, dtype=dt, device=dev)
-        else:
-            if not isinstance(z0, torch.Tensor) or z0.ndim == 0 or z0.shape[0] != b \
-                    or z0.numel() != b * self.state_size:
-                raise ShapeError(
-                    f"z0 has shape {tuple(getattr(z0, 'shape', ()))}, expected (B, "
-                    f"{self.state_size}) with B = {b} (or (B, *block shape))", term="forward",
-                    hint="pass z0 as a tensor with one flat state per sample",
-                )
-            z0 = z0.reshape(b, self.state_size).to(dt)
+        out_dtype = self.dtype
+        if out_dtype in HALF:  # solved in float32; gradients flow back through the casts
+            inputs = {k: v.float() for k, v in inputs.items()}
+            env = {k: (v.float() if v.dtype in HALF else v) for k, v in env.items()}
+        b = next(iter(inputs.values())).shape[0] if inputs else \
+            (z0.shape[0] if isinstance(z0, torch.Tensor) and z0.ndim else 1)
+        ref = next(iter(inputs.values()), None)
+        if ref is None:
+            ref = next((v for v in env.values() if v.is_floating_point()),
+                       torch.zeros((), dtype=out_dtype))
+        dt = torch.float32 if out_dtype in HALF else out_dtype
+        z0 = self._initial(z0, b, dt, ref.device)
+        # samples with NaN/Inf inputs are named; in mask mode they are left out of the solve
+        bad_in = torch.zeros(b, dtype=torch.bool, device=ref.device)
+        for name, t in inputs.items():
+            bad = ~torch.isfinite(t).all(dim=1)
+            if bool(bad.any()):
+                if self.on_nonconvergence != "mask":
+                    raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
+                                         f"{_indices(bad)}", term="forward",
+                                         hint="clean those samples, or pass "
+                                         "on_nonconvergence='mask' to drop them from the batch")
+                bad_in |= bad
+        keep = ~bad_in
+        if bool(bad_in.any()):
+            warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
+                          "outputs are NaN and they are excluded from the solve and the backward "
+                          "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=2)
+            inputs = {k: v[keep] for k, v in inputs.items()}
+            z0 = z0[keep]
+        keys_in, keys_env = list(inputs), list(env)
+        n_in = len(keys_in)
+
+        def fn(z: torch.Tensor, ts: Any) -> torch.Tensor:
+            return self.T(z, dict(zip(keys_in, ts[:n_in])), dict(zip(keys_env, ts[n_in:])))
+
+        tensors = [inputs[k] for k in keys_in] + [env[k] for k in keys_env]
 
         def f(z: torch.Tensor) -> torch.Tensor:
-            return self.T(z, inputs, env)
+            return fn(z, tensors)
 
         if self.backward == "unroll":
-            z, stats = self._unroll(f, z0)
+            z_star, stats = self._unroll(f, z0)
         else:
             z_star, stats = self._solve(f, z0, inputs, env)
-            self._check(stats)
-            z = self._attach(f, z_star.detach())
+        ok = self._judge(stats, bad_in)
+        if bool(ok.all()):
+            z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0)
+        else:  # gradients through the accepted samples only; the others are NaN
+            rows = torch.nonzero(ok).flatten()
+            sub = [t[ok] if i < n_in else t for i, t in enumerate(tensors)]
+            if self.backward == "unroll":
+                z_ok, _ = self._unroll(lambda z: fn(z, sub), z0[ok])
+            else:
+                z_ok = self._attach(fn, sub, z_star[ok], z0[ok])
+            z = z_star.detach().clone().index_put((rows,), z_ok)
+            z = torch.where(ok[:, None], z, torch.full_like(z, float("nan")))
+        if bool(bad_in.any()):  # put the dropped samples back (NaN)
+            full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
+            z = full.index_put((torch.nonzero(keep).flatten(),), z)
+            stats = _expand_stats(stats, keep)
+        if out_dtype in HALF:
+            z = z.to(out_dtype)
         self.last_stats = stats
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
+
+    def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
+        if z0 is None:
+            return torch.zeros(b, self.state_size, dtype=dt, device=dev)
+        if not isinstance(z0, torch.Tensor) or z0.ndim == 0 or z0.shape[0] != b \
+                or z0.numel() != b * self.state_size:
+            raise ShapeError(
+                f"z0 has shape {tuple(getattr(z0, 'shape', ()))}, expected (B, "
+                f"{self.state_size}) with B = {b} (or (B, *block shape))", term="forward",
+                hint="pass z0 as a tensor with one flat state per sample",
+            )
+        return z0.reshape(b, self.state_size).to(dt)
+
+    def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
+                z0: torch.Tensor) -> torch.Tensor:
+        """The backward strategy's differentiable output at ``z_star`` (detached when no
+        tensor needs a gradient)."""
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+            return z_star.detach()
+        cfg = self.config
+        adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
+                            cfg.on_nonconvergence)
+
+        def sink(st: SolverStats) -> None:
+            self.last_backward_stats = st
+
+        problem = FixedPointProblem(fn, tensors, adj, sink)
+        return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
     @compile_disabled
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
@@ -220,34 +421,78 @@ class EquilibriumModule(nn.Module):
         with torch.no_grad():
             if self.sam is not None:
                 return sam_iterate(self, f, z0, inputs, env)
-            return get_solver(self.solver)(f, z0, tol=self.tol, max_iter=self.max_iter,
-                                           **self.solver_options)
-
-    @compile_disabled
-    def _check(self, stats: SolverStats) -> None:
-        self._check_stats(stats)
+            fc = self.config.forward
+            return get_solver(fc.solver)(f, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)
 
     def _unroll(self, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
+        """``K`` plain iterations with autograd; the returned point is the last iterate."""
+        tr = Tracker("unroll", z0, self.tol)
         z = z0
-        hist = []
-        for _ in range(self.unroll_steps):
+        for _ in range(self.config.backward.unroll_steps):
             fz = f(z)
-            hist.append(rel_residual(fz, z).detach())
+            tr.record_residual(_rel(fz.detach(), z.detach()))
             z = fz
-        if not torch.isfinite(z).all():
-            raise NonFiniteError("NaN/Inf after unrolled iterations", term="forward")
-        res = torch.stack(hist, dim=1)
-        conv = res[:, -1] <= self.tol
-        return z, SolverStats("unroll", res, torch.full((z.shape[0],), self.unroll_steps), conv,
-                              self.tol)
+        with torch.no_grad():
+            tr.record(z.detach(), f(z.detach()))  # the residual of the returned iterate
+        return z, tr.stats()
+
+    # ------------------------------------------------------------------ failures
+    def _judge(self, stats: SolverStats, bad_in: torch.Tensor) -> torch.Tensor:
+        """``ok`` mask of the solved samples; raises / warns per ``on_nonconvergence``."""
+        nonfinite = stats.nonfinite if stats.nonfinite is not None else \
+            torch.zeros_like(stats.converged)
+        # an unrolled layer is K iterations by definition: only NaN/Inf fails it
+        ok = ~nonfinite if self.backward == "unroll" else stats.converged.clone()
+        if bool(ok.all()):
+            return ok
+        keep = ~bad_in
+        idx_map = torch.nonzero(keep).flatten()  # solved sample → batch index
+        failed_batch = torch.zeros_like(bad_in)
+        failed_batch[idx_map[~ok]] = True
+        nf_batch = torch.zeros_like(bad_in)
+        nf_batch[idx_map[nonfinite]] = True
+        bad = int((~ok).sum())
+        lip = self._contraction_text()
+        if bool(nonfinite.any()):
+            what = (f"the iterates of samples {_indices(nf_batch)} became NaN/Inf "
+                    f"(diverged) under {stats.solver}")
+        else:
+            what = ""
+        conv = (f"{bad}/{ok.numel()} samples (indices {_indices(failed_batch)}) did not reach "
+                f"relative residual {stats.tol:g} in {stats.residuals.shape[1]} iterations of "
+                f"{stats.solver} (worst {stats.max_residual:.3e}); {lip}")
+        msg = f"{what}; {conv}" if what else conv
+        hint = self._hint()
+        if self.on_nonconvergence == "raise" or (self._batch_coupled and
+                                                  bool(nonfinite.any())):
+            cls = NonFiniteError if bool(nonfinite.any()) else ConvergenceError
+            raise cls(msg, term="forward", hint=hint)
+        if self.on_nonconvergence == "warn":
+            warnings.warn(f"forward: {msg}. Hint: {hint}", ConvergenceWarning, stacklevel=3)
+            return torch.where(nonfinite, torch.zeros_like(ok), torch.ones_like(ok))
+        warnings.warn(f"forward: {msg}; their outputs are NaN and excluded from the backward "
+                      "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=3)
+        return ok
+
+    def _hint(self) -> str:
+        """What to change — never an option that is already set."""
+        tips = [f"raise max_iter (now {self.max_iter})"]
+        if self.solver != "anderson" and self.sam is None:
+            tips.append("use solver='anderson'")
+        if self.weight_control is None and norm_conditions(self.derived):
+            tips.append("keep the certified norms below their bounds with "
+                        "weight_control='spectral_norm' (off here)")
+        if self.on_nonconvergence == "raise":
+            tips.append("or pass on_nonconvergence='mask' to drop failing samples")
+        return ", ".join(tips)
 
     def _contraction_text(self) -> str:
-        """The contraction estimate at the current weights (re-evaluated at most every 30 s in
-        warn mode: the estimate runs power iterations, too costly for every training step)."""
+        """The contraction estimate at the current weights (re-evaluated at most every 30 s
+        outside raise mode: the estimate runs power iterations, too costly for every step)."""
         c = self.derived.contraction
         now = time.monotonic()
         cached = getattr(self, "_lip_cache", None)
-        if self.on_nonconvergence == "warn" and cached is not None and now - cached[0] < 30:
+        if self.on_nonconvergence != "raise" and cached is not None and now - cached[0] < 30:
             return f"{cached[1]} (estimated {now - cached[0]:.0f} s ago)"
         try:
             with torch.no_grad():
@@ -258,66 +503,42 @@ class EquilibriumModule(nn.Module):
         self._lip_cache = (now, text)
         return text
 
-    def _check_stats(self, stats: SolverStats) -> None:
-        if bool(stats.converged.all()):
-            return
-        bad = int((~stats.converged).sum())
-        lip = self._contraction_text()
-        msg = (f"{bad}/{stats.converged.numel()} samples did not reach relative residual "
-               f"{stats.tol:g} in {stats.residuals.shape[1]} iterations of {stats.solver} (worst "
-               f"{stats.max_residual:.3e}); {lip}")
-        hint = ("raise max_iter, use solver='anderson', or keep ||W||₂ < 1 with "
-                "weight_control='spectral_norm'")
-        if self.on_nonconvergence == "raise":
-            raise ConvergenceError(msg, term="forward", hint=hint)
-        warnings.warn(f"forward: {msg}. Hint: {hint}", ConvergenceWarning, stacklevel=3)
-
-    def _attach(self, f: Any, z_star: torch.Tensor) -> torch.Tensor:
-        """Re-engage autograd at the equilibrium according to the backward mode."""
-        if not torch.is_grad_enabled():
-            return z_star
-        if self.backward == "phantom":
-            z = z_star
-            lam = self.phantom_damping
-            for _ in range(self.phantom_steps):
-                fz = f(z)
-                z = fz if lam == 1.0 else lam * fz + (1 - lam) * z
-            return z
-        z = f(z_star)
-        if not z.requires_grad:
-            return z
-        z0 = z_star.clone().requires_grad_()
-        with torch.enable_grad():
-            f0 = f(z0)
-        solver = get_solver(self.backward_solver)
-        module = self
-
-        def hook(grad: torch.Tensor | None) -> torch.Tensor | None:
-            if grad is None:
-                return None
-
-            def adj(y: torch.Tensor) -> torch.Tensor:
-                return torch.autograd.grad(f0, z0, y, retain_graph=True)[0] + grad
-
-            with torch.no_grad():
-                g, st = solver(adj, grad, tol=module.backward_tol,
-                               max_iter=module.backward_max_iter)
-            module.last_backward_stats = st
-            if not bool(st.converged.all()):
-                msg = (f"adjoint fixed point did not reach {module.backward_tol:g} "
-                       f"(worst {st.max_residual:.3e})")
-                if module.on_nonconvergence == "raise":
-                    raise ConvergenceError(msg, term="backward",
-                                           hint="raise backward_max_iter or backward_tol")
-                warnings.warn(f"backward: {msg}", ConvergenceWarning, stacklevel=2)
-            return g
-
-        z.register_hook(hook)
-        return z
-
     def extra_repr(self) -> str:
+        wc = self.weight_control.mode if self.weight_control is not None else None
         return (f"state={[(b.name, b.shape) for b in self.blocks]}, solver={self.solver}, "
-                f"backward={self.backward}, tol={self.tol:g}, max_iter={self.max_iter}")
+                f"backward={self.backward}, tol={self.tol:g}, max_iter={self.max_iter}, "
+                f"weight_control={wc}")
 
 
-_ = math
+def _rel(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    from .solvers import rel_residual
+
+    return rel_residual(fz, z)
+
+
+def _expand_stats(stats: SolverStats, keep: torch.Tensor) -> SolverStats:
+    """Statistics of the solved subset spread back over the batch (dropped samples: not
+    converged, non-finite, NaN residuals)."""
+    b = keep.shape[0]
+    k = stats.residuals.shape[1]
+    res = torch.full((b, k), float("nan"), dtype=stats.residuals.dtype)
+    res[keep] = stats.residuals
+    it = torch.zeros(b, dtype=stats.iterations.dtype)
+    it[keep] = stats.iterations
+    conv = torch.zeros(b, dtype=torch.bool)
+    conv[keep] = stats.converged
+    nf = torch.ones(b, dtype=torch.bool)
+    assert stats.nonfinite is not None
+    nf[keep] = stats.nonfinite
+    ret = None
+    if stats.returned_residual is not None:
+        ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype)
+        ret[keep] = stats.returned_residual
+    return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
+
+
+def _batch_coupled(derived: DerivedLayer) -> bool:
+    src = derived.source
+    layers = getattr(src, "layers", None) or [src]
+    return any(getattr(t, "batch_coupled", False)
+               for obj in layers for t in getattr(obj, "terms", []))

@@ -15,7 +15,7 @@ import torch
 from convex_eq.errors import OptionError
 from convex_eq.objective import Objective
 
-from .solvers import SolverStats, _Tracker
+from .solvers import SolverStats, Tracker, rel_residual
 
 
 @dataclass
@@ -55,7 +55,7 @@ def sam_iterate(module: Any, f: Any, z0: torch.Tensor, inputs: dict, env: dict
     cfg: SAMConfig = module.sam
     gamma = cfg.step_size(env)
     names = [b.name for b in module.blocks]
-    tr = _Tracker("sam", z0, cfg.tol)
+    tr = Tracker("sam", z0, cfg.tol)
     z = z0
     for k in range(1, cfg.max_iter + 1):
         beta = cfg.beta(k)
@@ -65,10 +65,7 @@ def sam_iterate(module: Any, f: Any, z0: torch.Tensor, inputs: dict, env: dict
         grad = torch.cat([g.get(n, torch.zeros_like(Z[n])) for n in names], dim=-1)
         s = (1 - gamma * beta) * z - gamma * grad
         tz = f(z)
-        tr.hist.append(((tz - z).norm(dim=1) / tz.norm(dim=1).clamp_min(1e-30)).detach())
+        tr.record_residual(rel_residual(tz, z))
         z = beta * s + (1 - beta) * tz
-    fz = f(z)
-    tr.hist.pop() if tr.hist else None
-    tr.record(z, fz)
-    tr.best = z.detach()
+    tr.record(z, f(z))  # the residual of the point SAM returns (its converged flag)
     return z, tr.stats()

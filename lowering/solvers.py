@@ -1,111 +1,190 @@
 """Fixed-point solvers (batched, per-sample statistics) with a registry, torchdeq-style.
 
 Every solver finds ``z = f(z)`` for ``f: (B, N) → (B, N)`` and stops when every sample's relative
-residual ``||f(z) - z|| / max(||f(z)||, eps)`` is ≤ ``tol``; it returns the best iterate per
-sample.
+residual ``||f(z) - z|| / max(||f(z)||, 1e-30)`` is ≤ ``tol`` (or has become non-finite); it
+returns, per sample, the iterate whose residual was the smallest measured (the point the residual
+was measured at, so a ``converged`` flag always describes the returned point).  See
+``docs/theory.md`` §8 (training-time equilibrium modes).
+
+Residuals are *scaled* norms: both vectors are divided by their largest magnitude before
+squaring, so no finite iterate can overflow into a residual of 0 ("converged") in any dtype;
+a NaN/Inf iterate gives a NaN residual and marks that sample non-finite.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from convex_eq.errors import NonFiniteError, OptionError
+from convex_eq.errors import OptionError
 
 F = Callable[[torch.Tensor], torch.Tensor]
+
+#: dtypes whose reductions (Gram matrices, small linear solves) run in float64
+_LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype solver bookkeeping (Gram matrices, small solves) runs in: float64 for
+    float32/16 states (their round-off, squared in a Gram matrix, stalls Anderson near 1e-4),
+    the state's own dtype otherwise."""
+    return torch.float64 if dtype in _LOW_PRECISION else dtype
 
 
 @dataclass
 class SolverStats:
-    """Per-sample solver statistics."""
+    """Per-sample solver statistics.
+
+    ``residuals[b, k]`` is the relative residual measured at iteration ``k`` (NaN where the
+    iterate was not finite); ``converged[b]`` says the returned iterate of sample ``b`` meets
+    ``tol``; ``nonfinite[b]`` says sample ``b`` produced NaN/Inf (it is then not converged)."""
 
     solver: str
-    residuals: torch.Tensor  # (B, K) relative residual after each iteration
+    residuals: torch.Tensor  # (B, K)
     iterations: torch.Tensor  # (B,) iterations until the sample first met tol (or K)
     converged: torch.Tensor  # (B,) bool
     tol: float
+    nonfinite: torch.Tensor | None = field(default=None)  # (B,) bool
+    #: residual of the returned iterate per sample (None: the minimum of ``residuals``)
+    returned_residual: torch.Tensor | None = field(default=None)
 
-    @property
-    def max_residual(self) -> float:
-        return float(self.final_residual.max()) if self.final_residual.numel() else 0.0
+    def __post_init__(self) -> None:
+        if self.nonfinite is None:
+            self.nonfinite = torch.zeros_like(self.converged)
 
     @property
     def final_residual(self) -> torch.Tensor:
-        """Best relative residual reached by each sample."""
+        """Residual of the returned iterate of each sample (the best measured; NaN for a sample
+        that never produced a finite iterate)."""
+        if self.returned_residual is not None:
+            r = self.returned_residual
+            return torch.where(self.nonfinite, torch.full_like(r, float("nan")), r)
         if self.residuals.shape[1] == 0:
-            return torch.zeros(self.residuals.shape[0])
-        return self.residuals.min(dim=1).values
+            return torch.zeros(self.residuals.shape[0], dtype=self.residuals.dtype)
+        clean = torch.where(torch.isnan(self.residuals),
+                            torch.full_like(self.residuals, float("inf")), self.residuals)
+        best = clean.min(dim=1).values
+        return torch.where(torch.isinf(best) & self.nonfinite, torch.full_like(best, float("nan")),
+                           best)
+
+    @property
+    def max_residual(self) -> float:
+        """Largest final residual over the batch (NaN-aware: NaN if any sample is non-finite)."""
+        r = self.final_residual
+        if not r.numel():
+            return 0.0
+        if bool(torch.isnan(r).any()):
+            return float("nan")
+        return float(r.max())
 
     @property
     def mean_iterations(self) -> float:
         return float(self.iterations.float().mean())
 
+    @property
+    def failed(self) -> torch.Tensor:
+        """``(B,)`` bool: samples that did not converge (non-finite ones included)."""
+        return ~self.converged
+
+    @property
+    def failed_indices(self) -> list[int]:
+        """Batch indices of the samples that did not converge."""
+        return [int(i) for i in torch.nonzero(self.failed).flatten()]
+
+    @property
+    def nonfinite_indices(self) -> list[int]:
+        """Batch indices of the samples whose iterates became NaN/Inf."""
+        assert self.nonfinite is not None
+        return [int(i) for i in torch.nonzero(self.nonfinite).flatten()]
+
     def __str__(self) -> str:
-        return (f"{self.solver}: {int(self.converged.sum())}/{self.converged.numel()} converged, "
-                f"mean iterations {self.mean_iterations:.1f}, max relative residual "
+        extra = (f", {len(self.nonfinite_indices)} non-finite" if self.nonfinite is not None
+                 and bool(self.nonfinite.any()) else "")
+        return (f"{self.solver}: {int(self.converged.sum())}/{self.converged.numel()} converged"
+                f"{extra}, mean iterations {self.mean_iterations:.1f}, max relative residual "
                 f"{self.max_residual:.3e} (tol {self.tol:g})")
 
 
-def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """``||f(z) - z|| / max(||f(z)||, 1e-30)`` per sample.  Norms of float32/16 states are
-    accumulated in float64: ``Σv²`` overflows float32 once ``|v| ≳ 1e19`` and ``x/inf = 0``
-    would report a wrong iterate as converged."""
+def scaled_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
+    """``||d|| / max(||fz||, 1e-30)`` per sample, overflow-safe: both are divided by
+    ``s = max(max|d|, max|fz|)`` before the norms (``||d/s||, ||fz/s|| ≤ √N``), so the ratio
+    is exact up to rounding for every finite input and NaN for a non-finite one.  Half
+    precision is computed in float32."""
     if fz.ndim != 2:
-        fz, z = fz.flatten(1), z.flatten(1)
-    acc = torch.float64 if fz.dtype in (torch.float32, torch.float16, torch.bfloat16) else None
+        d, fz = d.flatten(1), fz.flatten(1)
+    if fz.dtype in (torch.float16, torch.bfloat16):
+        d, fz = d.float(), fz.float()
+    s = torch.maximum(d.abs().amax(dim=1), fz.abs().amax(dim=1))
+    s = torch.where(s > 0, s, torch.ones_like(s))[:, None]
     norm = torch.linalg.vector_norm
-    r = norm(fz - z, dim=1, dtype=acc) / norm(fz, dim=1, dtype=acc).clamp_min(1e-30)
-    return r if acc is None else r.to(fz.dtype)
+    num = norm(d / s, dim=1)
+    den = norm(fz / s, dim=1)
+    return num / torch.maximum(den, 1e-30 / s[:, 0])
 
 
-class _Tracker:
-    """Records residuals, keeps the best iterate per sample, detects NaN/Inf."""
+def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """``||f(z) - z|| / max(||f(z)||, 1e-30)`` per sample (scaled: cannot overflow into 0)."""
+    return scaled_rel_residual(fz - z, fz)
+
+
+class Tracker:
+    """Solver state: residual history, best iterate per sample, non-finite samples.
+
+    ``record(z, fz)`` measures the residual at ``z`` and returns True once every sample has
+    either met ``tol`` or become non-finite; ``record_residual(r)`` appends a residual measured
+    elsewhere (a solver that tracks its own iterate, e.g. SAM); ``stats()`` summarises."""
 
     def __init__(self, name: str, z0: torch.Tensor, tol: float):
         self.name, self.tol = name, tol
         self.best = z0.detach().clone()
-        self.best_res = torch.full((z0.shape[0],), float("inf"), dtype=z0.dtype,
-                                   device=z0.device)
-        self.hist: list[torch.Tensor] = []
         b = z0.shape[0]
-        self.iters = torch.zeros(b, dtype=torch.long, device=z0.device)
-        self.done = torch.zeros(b, dtype=torch.bool, device=z0.device)
+        self.best_res = torch.full((b,), float("inf"), dtype=torch.float64 if
+                                   z0.dtype == torch.float64 else torch.float32,
+                                   device=z0.device)
+        self.nonfinite = torch.zeros(b, dtype=torch.bool, device=z0.device)
+        self.hist: list[torch.Tensor] = []
 
-    def record(self, z: torch.Tensor, fz: torch.Tensor) -> bool:
+    @property
+    def iterations(self) -> int:
+        return len(self.hist)
+
+    def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None) -> bool:
+        """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it)."""
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
-        r = rel_residual(fz, z)
+        r = scaled_rel_residual(fz - z if d is None else d.detach(), fz).to(self.best_res.dtype)
         self.hist.append(r)
-        # store f(z) (one more application is never worse for a contraction) as the iterate
-        self.best = torch.where((r < self.best_res)[:, None], fz, self.best)
-        # torch.minimum propagates NaN: a NaN/Inf anywhere in fz (its norm is then non-finite)
-        # makes best_res NaN for good, so one reduction answers "diverged?" and "all done?"
+        # a non-finite z, f(z) or difference makes r NaN (the scale s is then inf or NaN)
+        self.nonfinite |= ~torch.isfinite(r)
+        r = torch.where(self.nonfinite, torch.full_like(r, float("inf")), r)
+        better = r < self.best_res
+        self.best = torch.where(better[:, None], z, self.best)
         self.best_res = torch.minimum(r, self.best_res)
-        worst = float(self.best_res.max())
-        if worst != worst:
-            raise NonFiniteError(
-                f"NaN/Inf in the fixed-point iterates after {len(self.hist)} iterations",
-                term=f"solver {self.name}",
-                hint="the iteration diverged: check the contraction estimate, scale the weights "
-                "(weight_control='spectral_norm') or the inputs",
-            )
-        return worst <= self.tol
+        return bool(((self.best_res <= self.tol) | self.nonfinite).all())
+
+    def record_residual(self, r: torch.Tensor) -> None:
+        """Append a residual measured by the caller (no best-iterate bookkeeping)."""
+        self.hist.append(r.detach().to(self.best_res.dtype))
 
     def stats(self) -> SolverStats:
         k = len(self.hist)
         res = (torch.stack(self.hist, dim=1) if self.hist
-               else torch.zeros(self.best.shape[0], 0, dtype=self.best.dtype))
-        self.done = self.best_res <= self.tol
+               else torch.zeros(self.best.shape[0], 0, dtype=self.best_res.dtype,
+                                device=self.best.device))
+        done = (self.best_res <= self.tol) & ~self.nonfinite
+        iters = torch.full((self.best.shape[0],), k, dtype=torch.long, device=self.best.device)
         if k:  # first iteration at which each sample met tol (computed once, not per iteration)
             met = res <= self.tol
             first = met.to(torch.int8).argmax(dim=1) + 1
-            self.iters = torch.where(met.any(dim=1), first, torch.full_like(first, k))
-        iters = torch.where(self.done, self.iters, torch.full_like(self.iters, k))
-        return SolverStats(self.name, res, iters, self.done.clone(), self.tol)
+            iters = torch.where(done & met.any(dim=1), first, iters)
+        return SolverStats(self.name, res, iters, done, self.tol, self.nonfinite.clone(),
+                           self.best_res.clone())
 
+
+_Tracker = Tracker  # the name used before the solver state became public
 
 SOLVERS: dict[str, Callable[..., tuple[torch.Tensor, SolverStats]]] = {}
 
@@ -121,6 +200,7 @@ def register_solver(name: str) -> Callable[[Callable], Callable]:
 
 
 def get_solver(name: str) -> Callable[..., tuple[torch.Tensor, SolverStats]]:
+    """The registered solver ``name`` (OptionError listing the available ones otherwise)."""
     if name not in SOLVERS:
         raise OptionError(f"unknown solver {name!r}", term="solver",
                           hint=f"available: {', '.join(sorted(SOLVERS))}")
@@ -139,7 +219,7 @@ def plain(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100,
     """``z ← (1-λ) z + λ f(z)`` (λ = damping)."""
     if not 0 < damping <= 1:
         raise OptionError(f"damping {damping} must lie in (0, 1]", term="solver plain")
-    tr = _Tracker("plain", z0, tol)
+    tr = Tracker("plain", z0, tol)
     z = z0
     for _ in range(max_iter):
         fz = f(z)
@@ -151,51 +231,79 @@ def plain(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100,
 
 @register_solver("anderson")
 def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int = 5,
-             beta: float = 1.0, lam: float = 1e-8) -> tuple[torch.Tensor, SolverStats]:
-    """Anderson acceleration (type II); ridge ``lam·tr(G)/n`` scaled to the residual Gram matrix
-    so the regularization shrinks with the residuals and never stalls near tight tolerances."""
+             beta: float = 1.0, lam: float = 1e-8, restart: int | None = None
+             ) -> tuple[torch.Tensor, SolverStats]:
+    """Anderson acceleration (type II) with the least-squares problem in float64.
+
+    The residual Gram matrix ``GGᵀ`` is kept incrementally (one new row per iteration) in the
+    accumulation dtype (float64 for float32/16 states: in float32 the Gram matrix squares the
+    round-off and the mixing stalls near a relative residual of 1e-4); ridge ``lam·tr(G)/n``.
+    Safeguard: when the worst sample's best residual has not improved for ``restart``
+    iterations (default ``2m``), the history is cleared and the next step is a plain one."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver anderson")
     b, n = z0.shape
     dt, dev = z0.dtype, z0.device
+    acc = accumulation_dtype(dt)
+    restart = 2 * m if restart is None else int(restart)
     X = torch.zeros(b, m, n, dtype=dt, device=dev)
     Fh = torch.zeros(b, m, n, dtype=dt, device=dev)
-    tr = _Tracker("anderson", z0, tol)
-    X[:, 0] = z0
-    Fh[:, 0] = f(z0)
-    if tr.record(X[:, 0], Fh[:, 0]) or max_iter <= 1:
-        return tr.best, tr.stats()
-    X[:, 1] = Fh[:, 0]
-    Fh[:, 1] = f(Fh[:, 0])
-    if tr.record(X[:, 1], Fh[:, 1]):
-        return tr.best, tr.stats()
-    H = torch.zeros(b, m + 1, m + 1, dtype=dt, device=dev)
-    H[:, 0, 1:] = 1
-    H[:, 1:, 0] = 1
-    y = torch.zeros(b, m + 1, 1, dtype=dt, device=dev)
-    y[:, 0] = 1
-    eye = torch.eye(m, dtype=dt, device=dev)
-    tiny = torch.finfo(dt).tiny ** 0.5
-    for k in range(2, max_iter):
-        nk = min(k, m)
-        G = Fh[:, :nk] - X[:, :nk]
-        GG = G @ G.transpose(1, 2)
-        ridge = lam * GG.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
-        H[:, 1:nk + 1, 1:nk + 1] = GG + ridge[:, None, None] * eye[:nk, :nk]
-        sol, info = torch.linalg.solve_ex(H[:, :nk + 1, :nk + 1], y[:, :nk + 1])
-        alpha = sol[:, 1:nk + 1, 0]
-        if bool(info.any()):  # singular: fall back to the latest plain step for those samples
-            plain_step = torch.zeros_like(alpha)
-            plain_step[:, (k - 1) % m] = 1.0
-            alpha = torch.where((info != 0)[:, None], plain_step, alpha)
-        x_new = (alpha[:, None] @ Fh[:, :nk])[:, 0]
-        if beta != 1.0:
-            x_new = beta * x_new + (1 - beta) * (alpha[:, None] @ X[:, :nk])[:, 0]
-        fx = f(x_new)
-        X[:, k % m] = x_new
-        Fh[:, k % m] = fx
-        if tr.record(x_new, fx):
+    G = torch.zeros(b, m, n, dtype=acc, device=dev)
+    GG = torch.zeros(b, m, m, dtype=acc, device=dev)
+    eye = torch.eye(m, dtype=acc, device=dev)
+    tiny = torch.finfo(acc).tiny ** 0.5
+    tr = Tracker("anderson", z0, tol)
+    x = z0
+    filled = 0  # number of valid history slots
+    slot = 0
+    best_worst, stale = float("inf"), 0
+    for _ in range(max_iter):
+        fx = f(x)
+        g = fx - x
+        if tr.record(x, fx, g):
             break
+        # store (x, f(x), g) in the ring buffer and update one row/column of the Gram matrix
+        X[:, slot], Fh[:, slot] = x, fx
+        G[:, slot] = g
+        filled = min(filled + 1, m)
+        row = (G[:, :filled] @ G[:, slot, :, None])[..., 0]  # (b, filled)
+        GG[:, slot, :filled] = row
+        GG[:, :filled, slot] = row
+        worst = float(torch.where(tr.nonfinite, torch.zeros_like(tr.best_res),
+                                  tr.best_res).max())
+        if worst < 0.999 * best_worst:
+            best_worst, stale = worst, 0
+        else:
+            stale += 1
+        if stale >= restart and filled > 1:  # stalled: clear the history, take a plain step
+            X[:, 0], Fh[:, 0], G[:, 0] = x, fx, g
+            GG[:, 0, 0] = (g * g).sum(-1)
+            filled, slot, stale = 1, 0, 0
+            best_worst = worst
+            x = fx
+            slot = 1 % m
+            continue
+        slot = (slot + 1) % m
+        if filled == 1:
+            x = fx if beta == 1.0 else beta * fx + (1 - beta) * x
+            continue
+        gg = GG[:, :filled, :filled]
+        ridge = lam * gg.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
+        A = gg + ridge[:, None, None] * eye[:filled, :filled]
+        # min ||Σ α_i g_i|| s.t. Σ α_i = 1  ⇔  α = A⁻¹1 / (1ᵀA⁻¹1)
+        ones = torch.ones(b, filled, 1, dtype=acc, device=dev)
+        w, info = torch.linalg.solve_ex(A, ones)
+        alpha = w[..., 0] / w[..., 0].sum(dim=1, keepdim=True)
+        ok = (info == 0) & torch.isfinite(alpha).all(dim=1)
+        if not bool(ok.all()):  # singular: the latest plain step for those samples
+            last = torch.zeros_like(alpha)
+            last[:, (slot - 1) % m] = 1.0
+            alpha = torch.where(ok[:, None], alpha, last)
+        a = alpha.to(dt)[:, None]
+        x_new = (a @ Fh[:, :filled])[:, 0]
+        if beta != 1.0:
+            x_new = beta * x_new + (1 - beta) * (a @ X[:, :filled])[:, 0]
+        x = x_new
     return tr.best, tr.stats()
 
 
@@ -208,11 +316,11 @@ def broyden(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: i
     dt, dev = z0.dtype, z0.device
     Us = torch.zeros(b, n, m, dtype=dt, device=dev)
     VTs = torch.zeros(b, m, n, dtype=dt, device=dev)
-    tr = _Tracker("broyden", z0, tol)
+    tr = Tracker("broyden", z0, tol)
     x = z0
     fx = f(x)
     gx = fx - x
-    if tr.record(x, fx):
+    if tr.record(x, fx, gx) or max_iter <= 1:
         return tr.best, tr.stats()
 
     def matvec(part_u: torch.Tensor, part_vt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -231,7 +339,7 @@ def broyden(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: i
         x_new = x + update
         fx_new = f(x_new)
         gx_new = fx_new - x_new
-        if tr.record(x_new, fx_new):
+        if tr.record(x_new, fx_new, gx_new):
             break
         dx, dg = x_new - x, gx_new - gx
         x, gx = x_new, gx_new

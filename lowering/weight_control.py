@@ -1,22 +1,48 @@
-"""Weight control keeping ``||W||₂ ≤ bound − margin`` for the weights named in the certificate.
+"""Weight control: ``||A||₂ ≤ bound − margin`` for every weight named in a norm condition.
 
-* ``"spectral_norm"``: reparametrize ``W ↦ W · min(1, (bound − margin)/σ̂(W))`` with a persistent
-  power-iteration estimate ``σ̂`` (differentiable, like ``torch.nn.utils.spectral_norm``);
-* ``"project"``: rescale the stored parameter in place (no gradient) before each training
-  forward (eval forwards rescale functionally and leave the parameter alone).
+The rescaling uses a *guaranteed upper bound* ``σ̄(A) ≥ ||A||₂`` (never an estimate that
+usually holds), so the certified quantity cannot exceed its bound at any step:
+
+* ``W ↦ W · min(1, (bound − margin) / σ̄(W))`` gives ``||A(W_eff)||₂ ≤ bound − margin`` exactly
+  (up to one rounding of the scale, far below ``margin``);
+* ``σ̄`` is computed by a unit found in :data:`NORM_BOUNDS` (by operator type): the exact norm
+  ``σ = uᵀ A v`` from a dense SVD (top singular pair ``u, v`` cached per weight version, the
+  value and its gradient ``u vᵀ`` evaluated through the operator, so autograd gives the true
+  gradient of what is computed), or, for a 2-D convolution, the largest singular value over
+  the DFT frequencies of a circulant embedding (``max_ω σ_max(K̂(ω))``, an upper bound of the
+  zero-padded convolution's norm, differentiable through ``torch.fft``).
+
+Modes: ``spectral_norm`` rescales functionally (differentiable); ``project`` rescales the stored
+parameter in place before each training forward.  See ``docs/theory.md`` §8.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from convex_eq.errors import OptionError
 
-from ._compile import compile_disabled
-
 MODES = ("spectral_norm", "project")
+#: largest operator (rows × columns) the generic exact bound materialises
+MAX_DENSE_ENTRIES = 4096 * 4096
+
+NormBound = Callable[[Any, str, dict, "WeightControl"], torch.Tensor]
+NORM_BOUNDS: dict[str, NormBound] = {}
+
+
+def register_norm_bound(op_type: str) -> Callable[[NormBound], NormBound]:
+    """Register ``fn(op, weight_name, env, control) → σ̄`` (a differentiable 0-d tensor with
+    ``σ̄ ≥ ||op||₂`` at ``env``) for operators whose class is named ``op_type``."""
+
+    def deco(fn: NormBound) -> NormBound:
+        NORM_BOUNDS[op_type] = fn
+        return fn
+
+    return deco
 
 
 def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
@@ -32,6 +58,81 @@ def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
     return conds
 
 
+def _dense_matrix(op: Any, env: dict) -> torch.Tensor:
+    """The operator as a dense float64 matrix (no autograd)."""
+    if op.in_size * op.out_size > MAX_DENSE_ENTRIES:
+        raise OptionError(
+            f"weight control needs ||{op}||₂ and no norm bound is registered for "
+            f"{type(op).__name__}; its dense matrix ({op.out_size}×{op.in_size}) is too large "
+            "to factorise", term="weight_control",
+            hint="register a bound with lowering.weight_control.register_norm_bound")
+    with torch.no_grad():
+        e64 = {k: (v.detach().double() if torch.is_tensor(v) and v.is_floating_point() else v)
+               for k, v in env.items()}
+        eye = torch.eye(op.in_size, dtype=torch.float64,
+                        device=next(iter(env.values())).device)
+        return op.apply(eye, e64).T
+
+
+@register_norm_bound("LinOp")
+def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
+    """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per version of
+    the weight); value and gradient flow through ``op.apply``."""
+    w = env[name]
+    key = (name, w._version, w.data_ptr(), str(w.dtype))
+    cached = control.cache.get(name)
+    if cached is None or cached[0] != key:
+        M = _dense_matrix(op, env)
+        U, _, Vh = torch.linalg.svd(M, full_matrices=False)
+        cached = (key, U[:, 0].contiguous(), Vh[0].contiguous())
+        control.cache[name] = cached
+    _, u, v = cached
+    av = op.apply(v.to(w.dtype)[None], env)[0]
+    return (u.to(av.dtype) * av).sum().to(torch.float64)
+
+
+@register_norm_bound("_ConvNd")
+@register_norm_bound("Conv2d")
+def conv_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
+    """``max_ω σ_max(K̂_g(ω))`` over the DFT grid of size ``n + k + p`` per spatial axis and over
+    the groups ``g``: the zero-padded (and strided: a row subset) convolution is a compression of
+    that circulant operator, whose singular values are those of the per-frequency
+    ``C_out/g × C_in/g`` matrices (1-D and 2-D convolutions alike)."""
+    if getattr(op, "dilation", 1) not in (1, (1,), (1, 1)):
+        return exact_norm(op, name, env, control)
+    K = env[name].to(torch.float64)
+    nd = K.ndim - 2
+    spatial = op.in_shape[1:]
+    ks = K.shape[2:]
+    pads = tuple(op.padding) if isinstance(op.padding, (tuple, list)) else (op.padding,) * nd
+    sizes = [n + k + p for n, k, p in zip(spatial, ks, pads)]
+    Kh = torch.fft.fftn(K, s=sizes, dim=tuple(range(2, 2 + nd)))  # (C_out, C_in/g, *sizes)
+    groups = int(getattr(op, "groups", 1))
+    per_group = K.shape[0] // groups
+    freqs = 1
+    for n in sizes:
+        freqs *= n
+    best = []
+    for g in range(groups):
+        blk = Kh[g * per_group:(g + 1) * per_group]
+        mats = blk.permute(*range(2, 2 + nd), 0, 1).reshape(freqs, blk.shape[0], blk.shape[1])
+        best.append(torch.linalg.matrix_norm(mats, ord=2).max())
+    return torch.stack(best).max()
+
+
+def norm_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
+    """The registered bound for ``op`` (by class, most specific first)."""
+    for cls in type(op).__mro__:
+        fn = NORM_BOUNDS.get(cls.__name__)
+        if fn is not None:
+            return fn(op, name, env, control)
+    return exact_norm(op, name, env, control)
+
+
+class WeightControlWarning(UserWarning):
+    """Weight control changed weights the user declared (they violated the certificate)."""
+
+
 class WeightControl:
     """Applies the chosen control to every weight with a spectral-norm condition."""
 
@@ -43,7 +144,8 @@ class WeightControl:
         if not 0 <= margin < 1:
             raise OptionError("margin must lie in [0, 1)", term="torch_module")
         self.mode, self.margin = mode, margin
-        self.targets = []
+        self.cache: dict[str, Any] = {}
+        self.targets: list[tuple[Any, str, float]] = []
         for op, bound in norm_conditions(derived):
             ws = [s for s in op.symbols() if s.kind == "weight"]
             if len(ws) == 1:
@@ -57,50 +159,39 @@ class WeightControl:
                               "||W||₂ ≤ bound condition", term="torch_module",
                               hint="name the weights to control: weight_bounds={'W': 1.0}")
 
+    def calibrate(self, env: dict) -> None:
+        """``weight_control='auto'``: never change weights that satisfy the certificate.  A
+        weight whose bound ``σ̄₀`` lies in ``(bound − margin, bound]`` keeps ``σ̄₀`` as its
+        target (the declared layer is unchanged, bit for bit); one above ``bound`` is rescaled
+        to ``bound − margin`` with a :class:`WeightControlWarning` naming it."""
+        out = []
+        for op, name, target in self.targets:
+            bound = target + self.margin
+            with torch.no_grad():
+                sig = float(norm_bound(op, name, env, self))
+            # 1e-9: the round-off of a norm computed in float64 from weights declared exactly at
+            # the bound (e.g. singular values 1 by construction) — not a violation
+            if target < sig <= bound * (1 + 1e-9):
+                target = sig
+            elif sig > bound:
+                warnings.warn(f"weight control rescales '{name}': the norm bound of {op} is "
+                              f"{sig:.4g} > {bound:g} (the certificate's condition); the layer "
+                              f"uses {name}·{target / sig:.4g} so that its norm is ≤ "
+                              f"{target:g}", WeightControlWarning, stacklevel=4)
+            out.append((op, name, target))
+        self.targets = out
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "cache": {}}
+
     def register(self, module: Any, dtype: torch.dtype) -> None:
-        """Create the power-iteration vectors as buffers of ``module`` (saved in ``state_dict``
-        so that a reloaded module reproduces the controlled weights bit for bit)."""
-        for op, name, _ in self.targets:
-            g = torch.Generator().manual_seed(0)
-            v = torch.randn(1, op.in_size, generator=g, dtype=torch.float64).to(dtype)
-            module.register_buffer(f"wc_v_{name}", v / v.norm())
+        """Nothing to persist: the bounds are functions of the weights alone."""
 
-    def _power(self, module: Any, op: Any, name: str, env: dict, iters: int) -> torch.Tensor:
-        """Differentiable ``σ̂ = ||A v||`` (``||v|| = 1``) after warm-started power iteration."""
-        v = self._power_vector(module, op, name, env, iters)
-        return op.apply(v, env).norm()
-
-    @compile_disabled
-    def _power_vector(self, module: Any, op: Any, name: str, env: dict,
-                      iters: int) -> torch.Tensor:
-        """Power iteration on ``AᵀA`` from the stored vector; stops once ``σ̂²`` changes by
-        < 1e-5.  Training mode writes the vector back (persistent warm start, as
-        ``torch.nn.utils.spectral_norm``); eval mode does not, so that repeated eval forwards
-        are bit-identical.  Returns a fresh tensor: later in-place buffer updates cannot
-        invalidate a graph that used it (two forwards before one backward)."""
-        w = env[name]
-        buf = getattr(module, f"wc_v_{name}")
-        if buf.shape != (1, op.in_size):
-            from convex_eq.errors import ShapeError
-
-            raise ShapeError(f"power-iteration buffer wc_v_{name} has shape "
-                             f"{tuple(buf.shape)}, expected {(1, op.in_size)}",
-                             term=f"wc_v_{name}",
-                             hint="load a state_dict saved from a module of the same layer")
-        v = buf.to(w)
+    def norms(self, env: dict) -> dict[str, tuple[float, float]]:
+        """``name → (σ̄ of the controlled operator at env, target)`` (for logging and tests)."""
         with torch.no_grad():
-            detached = {**env, name: w.detach()}
-            prev = 0.0
-            for _ in range(iters):
-                u = op.adjoint(op.apply(v, detached), detached)
-                un = float(u.norm())
-                v = u / max(un, 1e-30)
-                if abs(un - prev) <= 1e-5 * un:
-                    break
-                prev = un
-            if module.training:
-                buf.copy_(v.to(buf))
-        return v
+            return {name: (float(norm_bound(op, name, env, self)), target)
+                    for op, name, target in self.targets}
 
     def __call__(self, module: Any, env: dict) -> dict:
         """The controlled weights (``project`` rescales the parameter in place in training
@@ -109,13 +200,14 @@ class WeightControl:
         for op, name, target in self.targets:
             if self.mode == "project" and module.training:
                 with torch.no_grad():
-                    sig = self._power(module, op, name, env, 30)
+                    sig = float(norm_bound(op, name, env, self))
                     if sig > target:
                         module.weights[name].mul_(target / sig)
                 env[name] = module.weights[name]
             else:
-                sig = self._power(module, op, name, env, 50)
-                env[name] = env[name] * torch.clamp(target / sig, max=1.0)
+                sig = norm_bound(op, name, env, self)
+                scale = torch.clamp(target / sig, max=1.0).to(env[name].dtype)
+                env[name] = env[name] * scale
         return env
 
 

@@ -318,31 +318,21 @@ def test_verify_an_input_free_envelope_whose_lifted_problem_has_no_smooth_part(w
 
 
 # ----------------------------------------------------------------- lowering/weight_control.py
-@pytest.mark.parametrize("shape", [(1, 4), (3,), (3, 1), (1, 3, 2)])
-def test_wrongly_shaped_power_iteration_buffer_raises_naming_it(shape: tuple[int, ...]) -> None:
-    """A wc_v_* buffer of the wrong shape was accepted (broadcast) or failed inside torch."""
-    m = lowering.lower(models.opteq(n=3, m=3, d=2, form="conjugate", weight_norm=1.3)
-                       ).torch_module(weight_control="spectral_norm", dtype=T64)
-    assert m.wc_v_W.shape == (1, 3)
-    m.wc_v_W = torch.ones(shape, dtype=T64)
-    with pytest.raises(ce.ShapeError) as err:
-        m(torch.randn(2, 2, dtype=T64))
-    assert err.value.term == "wc_v_W"
-
-
-def test_eval_forward_does_not_move_the_power_vector_and_keeps_the_bound() -> None:
-    """Eval forwards leave the buffer and the parameters alone (bit-identical repeats) and
-    still enforce ||W||₂ ≤ bound − margin, also on a module never run in training mode."""
+def test_eval_forward_leaves_parameters_alone_and_keeps_the_bound() -> None:
+    """Eval forwards leave the parameters alone (bit-identical repeats) and still enforce
+    ||W||₂ ≤ bound − margin (exact SVD here; the control uses a guaranteed bound, so the
+    allowance is only the float64 round-off of one rescaling, 1e-12), also on a module never
+    run in training mode."""
     d = lowering.lower(models.opteq(n=6, m=6, d=3, form="conjugate", weight_norm=1.4, seed=1))
     for mode in ("spectral_norm", "project"):
         m = d.torch_module(weight_control=mode, margin=0.05, dtype=T64).eval()
-        v0, w0 = m.wc_v_W.clone(), m.weights["W"].detach().clone()
+        w0 = m.weights["W"].detach().clone()
         with torch.no_grad():
             outs = [m(torch.ones(2, 3, dtype=T64)) for _ in range(3)]
             w_eff = m.env()["W"]
         assert all(torch.equal(o, outs[0]) for o in outs)
-        assert torch.equal(m.wc_v_W, v0) and torch.equal(m.weights["W"], w0)
-        assert float(torch.linalg.matrix_norm(w_eff, 2)) <= 0.95 + 1e-4
+        assert torch.equal(m.weights["W"], w0)
+        assert float(torch.linalg.matrix_norm(w_eff, 2)) <= 0.95 + 1e-12
 
 
 # ----------------------------------------------------------------- lowering/derived.py

@@ -139,6 +139,8 @@ def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
             z, st = solve(f, z0, "anderson", tol=tol, max_iter=max_iter, m=5)
         except NonFiniteError as err:  # diverged: reported as "equilibrium not found"
             return z0, _diverged("anderson (m=5)", err, bsz, tol)
+        if bool(st.nonfinite.any()):  # solvers flag NaN/Inf samples instead of raising
+            return z0, _diverged("anderson (m=5)", _nonfinite(st), bsz, tol)
         name = "anderson (m=5)"
         hist = [st.residuals]
         if fallback and not bool(st.converged.all()):
@@ -146,9 +148,16 @@ def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
                 z, st = solve(f, z, "plain", tol=tol, max_iter=2 * max_iter)
             except NonFiniteError as err:
                 return z0, _diverged(name + " → plain", err, bsz, tol)
+            if bool(st.nonfinite.any()):
+                return z0, _diverged(name + " → plain", _nonfinite(st), bsz, tol)
             name += " → plain"
             hist.append(st.residuals)
     return z, info_from_stats(name, st, torch.cat(hist, dim=1), tol)
+
+
+def _nonfinite(st: SolverStats) -> NonFiniteError:
+    return NonFiniteError(f"NaN/Inf in the fixed-point iterates of samples {st.nonfinite_indices} "
+                          f"within {st.residuals.shape[1]} iterations", term="verify.check")
 
 
 def _diverged(name: str, err: NonFiniteError, bsz: int, tol: float) -> EquilibriumInfo:
@@ -168,7 +177,8 @@ def info_from_stats(name: str, st: SolverStats, hist: torch.Tensor, tol: float
 def fresh_module(derived: DerivedLayer, env: Mapping[str, torch.Tensor], **options: Any
                  ) -> EquilibriumModule:
     """A float64 module of ``derived`` carrying the weights ``env`` (no weight control)."""
-    m = derived.torch_module(dtype=T64, **options)
+    # the layer as declared: no default weight control rescaling weights that break the claim
+    m = derived.torch_module(dtype=T64, **{"weight_control": None, **options})
     sd = m.state_dict()
     new = {}
     for key, val in sd.items():

@@ -43,7 +43,7 @@ def theorem5_sam(case: SAMCase, rho: float = 0.1, c: float = 0.44,
     cz = ce.Constant("c", case.c)
     cfg = lowering.SAMConfig(R=ce.SqNorm(z - cz), rho=rho, c=c, max_iter=max_iter, tol=tol)
     derived = lowering.lower(case.objective)
-    mod = derived.torch_module(sam=cfg, dtype=T64, on_nonconvergence="warn")
+    mod = derived.torch_module(sam=cfg, dtype=T64, on_nonconvergence="warn", weight_control=None)
     x = torch.zeros(1, 1, dtype=T64)
     with torch.no_grad(), warnings.catch_warnings():
         # the module's own relative-residual test (||T(z) − z||/||T(z)||) is ill-conditioned

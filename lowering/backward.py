@@ -1,0 +1,257 @@
+"""Backward strategies of the emitted module, one unit each, found through a registry.
+
+A strategy turns the equilibrium ``z*`` found without autograd into a tensor whose gradient is
+the strategy's gradient (``docs/theory.md`` §8):
+
+* ``implicit`` — exact implicit differentiation: ``dL/dθ = (∂T/∂θ)ᵀ g`` with the adjoint fixed
+  point ``g = Jᵀ g + ∂L/∂z*`` (``J = ∂T/∂z`` at ``z*``), as a ``torch.autograd.Function``
+  whose backward is itself differentiable: second-order gradients (``create_graph=True``)
+  differentiate the adjoint system implicitly (``h = J h + u``) — ``gradgradcheck`` passes;
+* ``phantom`` — the gradient of the last ``k`` (damped) applications of ``T`` from ``z*``;
+  first order only: ``create_graph=True`` raises :class:`~convex_eq.errors.OptionError`;
+* ``unroll`` — ordinary autograd through ``K`` iterations from ``z0`` (any order).
+
+Every strategy receives a :class:`FixedPointProblem`: ``T`` as a function of the flat state and
+of the tensors it reads (inputs and weights), so that gradients reach exactly those tensors.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
+
+from .solvers import SolverStats, get_solver
+
+
+@dataclass
+class AdjointConfig:
+    """How adjoint (and second-order) linear fixed points are solved."""
+
+    solver: str = "anderson"
+    tol: float = 1e-6
+    max_iter: int = 100
+    on_fail: str = "raise"  # "raise" | "warn" | "mask"
+
+
+@dataclass
+class FixedPointProblem:
+    """``T(z, tensors)`` with the tensors it depends on (inputs and weights, in order).
+
+    ``sink`` receives the adjoint solver statistics (``sink(stats)``), so that the module can
+    expose them as ``last_backward_stats``."""
+
+    fn: Callable[[torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
+    tensors: list[torch.Tensor]
+    adjoint: AdjointConfig
+    sink: Callable[[SolverStats], None]
+
+    def with_grad(self, z: torch.Tensor, tensors: Sequence[torch.Tensor],
+                  needs: Sequence[bool]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """Leaf copies of ``z`` and of the tensors that need gradients, and ``T`` at them."""
+        zz = z.detach().requires_grad_()
+        ts = [t.detach().requires_grad_() if n else t.detach() for t, n in zip(tensors, needs)]
+        return zz, ts, self.fn(zz, ts)
+
+
+class BackwardStrategy(Protocol):
+    """Turns the detached equilibrium into the differentiable output of the layer."""
+
+    name: str
+
+    def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
+               options: Any) -> torch.Tensor: ...
+
+
+BACKWARD_STRATEGIES: dict[str, BackwardStrategy] = {}
+
+
+def register_backward(strategy: BackwardStrategy) -> BackwardStrategy:
+    """Add a backward strategy to the registry (by its ``name``)."""
+    BACKWARD_STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def get_backward(name: str) -> BackwardStrategy:
+    """The registered strategy ``name`` (OptionError listing the available ones otherwise)."""
+    if name not in BACKWARD_STRATEGIES:
+        raise OptionError(f"unknown backward mode {name!r}", term="torch_module",
+                          hint=f"use one of {tuple(BACKWARD_STRATEGIES)}")
+    return BACKWARD_STRATEGIES[name]
+
+
+# ----------------------------------------------------------------------------- adjoint solves
+def _report(stats: SolverStats, cfg: AdjointConfig, what: str) -> None:
+    if bool(stats.converged.all()):
+        return
+    idx = stats.failed_indices
+    shown = ", ".join(map(str, idx[:10])) + (", …" if len(idx) > 10 else "")
+    msg = (f"{what} did not reach relative residual {cfg.tol:g} in {cfg.max_iter} iterations "
+           f"of {cfg.solver} for {len(idx)}/{stats.converged.numel()} samples (indices "
+           f"{shown}; worst {stats.max_residual:.3e})")
+    if cfg.on_fail == "raise":
+        raise ConvergenceError(msg, term="backward",
+                               hint="raise backward_max_iter / backward_tol, or pass "
+                               "on_nonconvergence='warn' to train through it")
+    warnings.warn(f"backward: {msg}", ConvergenceWarning, stacklevel=4)
+
+
+def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torch.Tensor,
+                        cfg: AdjointConfig, what: str, sink: Callable | None = None
+                        ) -> torch.Tensor:
+    """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver."""
+    solver = get_solver(cfg.solver)
+    with torch.no_grad():
+        y, st = solver(lambda y: apply(y) + rhs, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+    if sink is not None:
+        sink(st)
+    _report(st, cfg, what)
+    return y
+
+
+class _ImplicitFixedPoint(torch.autograd.Function):
+    """Output ``z*``; backward ``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v``, differentiable (second order)."""
+
+    @staticmethod
+    def forward(ctx: Any, z_star: torch.Tensor, problem: FixedPointProblem,
+                *tensors: torch.Tensor) -> torch.Tensor:
+        out = z_star.clone()
+        ctx.problem = problem
+        ctx.save_for_backward(out, *tensors)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, v: torch.Tensor) -> Any:
+        z, *tensors = ctx.saved_tensors
+        problem: FixedPointProblem = ctx.problem
+        needs = list(ctx.needs_input_grad[2:])
+        if not any(needs):
+            return (None, None, *([None] * len(tensors)))
+        if not torch.is_grad_enabled():  # first order: leaf copies, one retained graph
+            with torch.enable_grad():
+                zz, ts, fz = problem.with_grad(z, tensors, needs)
+
+                def jt(y: torch.Tensor) -> torch.Tensor:
+                    return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
+
+                g = _linear_fixed_point(jt, v, problem.adjoint, "adjoint fixed point",
+                                        problem.sink)
+                want = [t for t, n in zip(ts, needs) if n]
+                grads = iter(torch.autograd.grad(fz, want, g, allow_unused=True))
+            return (None, None, *[next(grads) if n else None for n in needs])
+        # create_graph=True: every quantity stays a differentiable function of (v, z, θ); z is
+        # the saved *output*, so its dependence on θ is again this implicit function.  The
+        # partial derivative (∂T/∂θ)ᵀ g at fixed z is a functorch vjp over θ alone: z enters
+        # as a captured tensor, differentiated only by the outer (higher-order) autograd.
+        g = _AdjointSolve.apply(v, z, problem, *tensors)
+        _, vjp_fn = torch.func.vjp(lambda *ts: problem.fn(z, list(ts)), *tensors)
+        grads = vjp_fn(g)
+        return (None, None, *[gr if n else None for gr, n in zip(grads, needs)])
+
+
+class _AdjointSolve(torch.autograd.Function):
+    """``g = (I − J(z, θ)ᵀ)⁻¹ v`` with its implicit derivative: for an upstream ``u``,
+    ``h = (I − J)⁻¹ u`` gives ``∂/∂v = h`` and ``∂/∂(z, θ) = ∇_{z,θ} ⟨J(z, θ) h, g⟩``."""
+
+    @staticmethod
+    def forward(ctx: Any, v: torch.Tensor, z: torch.Tensor, problem: FixedPointProblem,
+                *tensors: torch.Tensor) -> torch.Tensor:
+        needs = [True] * len(tensors)
+        with torch.enable_grad():
+            zz, _, fz = problem.with_grad(z, tensors, [False] * len(tensors))
+
+            def jt(y: torch.Tensor) -> torch.Tensor:
+                return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
+
+            g = _linear_fixed_point(jt, v.detach(), problem.adjoint, "adjoint fixed point",
+                                    problem.sink)
+        del needs
+        ctx.problem = problem
+        ctx.save_for_backward(z, g, *tensors)
+        return g
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, u: torch.Tensor) -> Any:
+        z, g, *tensors = ctx.saved_tensors
+        problem: FixedPointProblem = ctx.problem
+        needs = list(ctx.needs_input_grad[3:])
+        with torch.enable_grad():
+            zz, ts, fz = problem.with_grad(z, tensors, needs)
+            y = torch.zeros_like(fz, requires_grad=True)
+            jty = torch.autograd.grad(fz, zz, y, create_graph=True)[0]
+
+            def jv(h: torch.Tensor) -> torch.Tensor:  # J h as the derivative of ⟨Jᵀy, h⟩ in y
+                return torch.autograd.grad(jty, y, h, retain_graph=True)[0]
+
+            h = _linear_fixed_point(jv, u, problem.adjoint, "second-order (tangent) fixed point")
+            jtg = torch.autograd.grad(fz, zz, g, create_graph=True)[0]
+            s = (jtg * h).sum()
+            want = [zz] + [t for t, n in zip(ts, needs) if n]
+            grads = torch.autograd.grad(s, want, allow_unused=True)
+        gz, rest = grads[0], iter(grads[1:])
+        return (h, gz, None, *[next(rest) if n else None for n in needs])
+
+
+class ImplicitBackward:
+    """Exact implicit differentiation (first and second order)."""
+
+    name = "implicit"
+
+    def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
+               options: Any) -> torch.Tensor:
+        return _ImplicitFixedPoint.apply(z_star.detach(), problem, *problem.tensors)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """Identity whose backward refuses ``create_graph=True`` with a typed error."""
+
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor, mode: str) -> torch.Tensor:
+        ctx.mode = mode
+        return z.view_as(z)
+
+    @staticmethod
+    def backward(ctx: Any, v: torch.Tensor) -> Any:
+        if torch.is_grad_enabled():
+            raise OptionError(
+                f"backward='{ctx.mode}' gives first-order gradients only; "
+                "create_graph=True (second-order autograd) is not supported by it",
+                term="backward", hint="use backward='implicit' (exact, any first/second order) "
+                "or backward='unroll' for higher-order gradients")
+        return v, None
+
+
+class PhantomBackward:
+    """Phantom gradient: autograd through ``k`` damped applications of ``T`` from ``z*``."""
+
+    name = "phantom"
+
+    def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
+               options: Any) -> torch.Tensor:
+        z = z_star.detach()
+        lam = options.phantom_damping
+        for _ in range(options.phantom_steps):
+            fz = problem.fn(z, problem.tensors)
+            z = fz if lam == 1.0 else lam * fz + (1 - lam) * z
+        return _FirstOrderOnly.apply(z, self.name) if z.requires_grad else z
+
+
+class UnrollBackward:
+    """Autograd through ``K`` plain iterations from ``z0`` (the forward is the unrolled loop)."""
+
+    name = "unroll"
+
+    def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
+               options: Any) -> torch.Tensor:  # the module runs the unrolled loop itself
+        return z_star
+
+
+for _s in (ImplicitBackward(), PhantomBackward(), UnrollBackward()):
+    register_backward(_s)

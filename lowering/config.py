@@ -1,0 +1,183 @@
+"""Options of the emitted module, grouped into small validated dataclasses.
+
+``derived.torch_module(**options)`` accepts the flat keywords listed in :data:`FLAT_OPTIONS`
+(the documented API) or ``config=ModuleConfig(...)``; both build the same
+:class:`ModuleConfig`.  See ``docs/guide.md`` (the emitted module) and ``docs/theory.md`` §8.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from convex_eq.errors import OptionError
+
+from .sam import SAMConfig
+
+ON_FAIL = ("raise", "warn", "mask")
+CONTROL_MODES = ("auto", "spectral_norm", "project", None)
+
+
+@dataclass
+class SolveConfig:
+    """Forward fixed-point solve: ``solver`` from the registry, stop at relative residual ``tol``
+    or after ``max_iter`` iterations; ``options`` go to the solver (e.g. Anderson's ``m``)."""
+
+    solver: str = "anderson"
+    tol: float = 1e-6
+    max_iter: int = 100
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from .solvers import get_solver
+
+        get_solver(self.solver)
+        if not (self.tol > 0 and math.isfinite(self.tol)) or int(self.max_iter) < 1:
+            raise OptionError(f"tol = {self.tol} must be > 0 and max_iter = {self.max_iter} ≥ 1",
+                              term="torch_module")
+        self.tol, self.max_iter = float(self.tol), int(self.max_iter)
+
+
+@dataclass
+class BackwardConfig:
+    """Backward strategy (``implicit`` | ``phantom`` | ``unroll``) and its numerics.  The adjoint
+    fixed point of ``implicit`` uses ``solver``/``tol``/``max_iter`` (None: the forward's)."""
+
+    mode: str = "implicit"
+    solver: str | None = None
+    tol: float | None = None
+    max_iter: int | None = None
+    phantom_steps: int = 1
+    phantom_damping: float = 1.0
+    unroll_steps: int = 20
+
+    def __post_init__(self) -> None:
+        from .backward import get_backward
+        from .solvers import get_solver
+
+        get_backward(self.mode)
+        if self.solver is not None:
+            get_solver(self.solver)
+        if self.tol is not None and not self.tol > 0:
+            raise OptionError(f"backward_tol = {self.tol} must be > 0", term="torch_module")
+        if self.max_iter is not None and int(self.max_iter) < 1:
+            raise OptionError(f"backward_max_iter = {self.max_iter} must be ≥ 1",
+                              term="torch_module")
+        if int(self.phantom_steps) < 1 or int(self.unroll_steps) < 1:
+            raise OptionError("phantom_steps ≥ 1 and unroll_steps ≥ 1 required",
+                              term="torch_module")
+        if not 0 < self.phantom_damping <= 1:
+            raise OptionError(f"phantom_damping = {self.phantom_damping} must lie in (0, 1]",
+                              term="torch_module")
+
+
+@dataclass
+class WeightControlConfig:
+    """Keep ``||A||₂ ≤ bound − margin`` for every weight with a norm condition in the
+    certificate.  ``mode``: ``"auto"`` (``spectral_norm`` when the certificate has such a
+    condition, nothing otherwise), ``"spectral_norm"`` (differentiable rescaling by an upper
+    bound of the norm), ``"project"`` (in-place rescaling of the stored parameter), None (off)."""
+
+    mode: str | None = "auto"
+    margin: float = 0.01
+    bounds: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in CONTROL_MODES:
+            raise OptionError(f"unknown weight_control {self.mode!r}", term="torch_module",
+                              hint=f"use one of {CONTROL_MODES}")
+        if not 0 <= self.margin < 1:
+            raise OptionError(f"margin = {self.margin} must lie in [0, 1)", term="torch_module")
+        if self.bounds and self.mode is None:
+            raise OptionError("weight_bounds needs weight control (weight_control='auto', "
+                              "'spectral_norm' or 'project'); it is None here",
+                              term="torch_module")
+
+
+@dataclass
+class ModuleConfig:
+    """Everything that configures an :class:`~lowering.module.EquilibriumModule`."""
+
+    forward: SolveConfig = field(default_factory=SolveConfig)
+    backward: BackwardConfig = field(default_factory=BackwardConfig)
+    weight_control: WeightControlConfig = field(default_factory=WeightControlConfig)
+    on_nonconvergence: str = "raise"
+    sam: SAMConfig | None = None
+    dtype: torch.dtype = torch.float32
+    learnable_constants: bool = False
+
+    def __post_init__(self) -> None:
+        if self.on_nonconvergence not in ON_FAIL:
+            raise OptionError(f"on_nonconvergence={self.on_nonconvergence!r}",
+                              term="torch_module",
+                              hint=f"use one of {ON_FAIL}: non-convergence is never silent")
+        if self.sam is not None and self.backward.mode == "unroll":
+            raise OptionError("SAM with backward='unroll' is not supported (the unrolled "
+                              "iteration is plain T, not SAM's)", term="torch_module",
+                              hint="use backward='implicit' or 'phantom' with sam=")
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
+            raise OptionError(f"dtype={self.dtype!r} is not a floating dtype",
+                              term="torch_module")
+
+    @property
+    def adjoint_solver(self) -> str:
+        return self.backward.solver or self.forward.solver
+
+    @property
+    def adjoint_tol(self) -> float:
+        return float(self.backward.tol if self.backward.tol is not None else self.forward.tol)
+
+    @property
+    def adjoint_max_iter(self) -> int:
+        return int(self.backward.max_iter or self.forward.max_iter)
+
+
+#: flat keyword → (group, field) of :class:`ModuleConfig`
+FLAT_OPTIONS: dict[str, tuple[str | None, str]] = {
+    "solver": ("forward", "solver"), "tol": ("forward", "tol"),
+    "max_iter": ("forward", "max_iter"), "solver_options": ("forward", "options"),
+    "backward": ("backward", "mode"), "backward_solver": ("backward", "solver"),
+    "backward_tol": ("backward", "tol"), "backward_max_iter": ("backward", "max_iter"),
+    "phantom_steps": ("backward", "phantom_steps"),
+    "phantom_damping": ("backward", "phantom_damping"),
+    "unroll_steps": ("backward", "unroll_steps"),
+    "weight_control": ("weight_control", "mode"), "margin": ("weight_control", "margin"),
+    "weight_bounds": ("weight_control", "bounds"),
+    "on_nonconvergence": (None, "on_nonconvergence"), "sam": (None, "sam"),
+    "dtype": (None, "dtype"), "learnable_constants": (None, "learnable_constants"),
+}
+
+
+def build_config(config: ModuleConfig | None = None, **options: Any) -> ModuleConfig:
+    """A :class:`ModuleConfig` from flat keywords (or ``config`` and no keywords)."""
+    if config is not None:
+        if options:
+            raise OptionError(f"pass either config= or keywords, not both ({sorted(options)})",
+                              term="torch_module")
+        if not isinstance(config, ModuleConfig):
+            raise OptionError(f"config must be a ModuleConfig, got {type(config).__name__}",
+                              term="torch_module")
+        return config
+    unknown = set(options) - set(FLAT_OPTIONS)
+    if unknown:
+        raise OptionError(f"unknown option(s) {sorted(unknown)}", term="torch_module",
+                          hint=f"valid options: {sorted(FLAT_OPTIONS)}")
+    groups: dict[str | None, dict[str, Any]] = {}
+    for key, value in options.items():
+        group, name = FLAT_OPTIONS[key]
+        if key == "solver_options":
+            value = dict(value or {})
+        groups.setdefault(group, {})[name] = value
+    kw = dict(groups.get(None, {}))
+    kinds = {"forward": SolveConfig, "backward": BackwardConfig,
+             "weight_control": WeightControlConfig}
+    for group, cls in kinds.items():
+        kw[group] = cls(**groups.get(group, {}))
+    return ModuleConfig(**kw)
+
+
+__all__ = ["FLAT_OPTIONS", "BackwardConfig", "ModuleConfig", "SolveConfig",
+           "WeightControlConfig", "build_config"]
