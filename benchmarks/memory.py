@@ -72,10 +72,12 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     layer = lowering.lower(qp_objective(w64))
     qa, ca = qp_inputs(b, seed=cfg.seed)
     q, c = torch.as_tensor(qa, dtype=dtype), torch.as_tensor(ca, dtype=dtype)
-    mods = {"implicit": layer.torch_module(solver="anderson", backward="implicit", tol=TOL,
+    mods = {"implicit": layer.torch_module(
+                weight_control=None, solver="anderson", backward="implicit", tol=TOL,
                                            max_iter=100, dtype=dtype)}
     for k in cfg.mem_ks:
-        mods[f"unroll K={k}"] = layer.torch_module(backward="unroll", unroll_steps=k, tol=TOL,
+        mods[f"unroll K={k}"] = layer.torch_module(
+                weight_control=None, backward="unroll", unroll_steps=k, tol=TOL,
                                                    dtype=dtype)
     w_used = mods["implicit"].weights["W"].detach().double().numpy()
     ex = exact_qp(w_used, qa, ca)

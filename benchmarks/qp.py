@@ -95,7 +95,8 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         cvx_build = time.perf_counter() - t0
         for dtype in cfg.dtypes:
             dname = str(dtype).replace("torch.", "")
-            mod = layer.torch_module(solver="anderson", backward="implicit", tol=TOL,
+            mod = layer.torch_module(
+                weight_control=None, solver="anderson", backward="implicit", tol=TOL,
                                      max_iter=MAX_ITER, dtype=dtype)
             hand = HandDEQ(torch.as_tensor(w64, dtype=dtype), tol=TOL, max_iter=MAX_ITER)
             w_used = mod.weights["W"].detach().double().numpy()

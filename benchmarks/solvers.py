@@ -81,7 +81,8 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         for dtype in cfg.dtypes:
             dname = str(dtype).replace("torch.", "")
             q = torch.as_tensor(qa[:cfg.solver_batch], dtype=dtype)
-            mods = {s: layer.torch_module(solver=s, tol=TOL, max_iter=MAX_ITER, dtype=dtype,
+            mods = {s: layer.torch_module(
+                weight_control=None, solver=s, tol=TOL, max_iter=MAX_ITER, dtype=dtype,
                                           on_nonconvergence="warn") for s in SOLVERS}
             methods: dict[str, Callable[[], Any]] = {}
             stats: dict[str, dict[str, Any]] = {}
@@ -118,7 +119,8 @@ def _vs_deq(cfg: Config, log: Callable[[str], None]) -> list[dict[str, Any]]:
     w64 = qp_weight(cfg.solver_m, norm=0.9, seed=cfg.seed)
     layer = lowering.lower(qp_objective(w64))
     dtype = torch.float32
-    mod = layer.torch_module(solver="anderson", tol=TOL, max_iter=100, dtype=dtype)
+    mod = layer.torch_module(
+                weight_control=None, solver="anderson", tol=TOL, max_iter=100, dtype=dtype)
     deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), 100)
     qa, ca = qp_inputs(max(cfg.deq_batches), seed=cfg.seed)
     w_used = mod.weights["W"].detach().double().numpy()

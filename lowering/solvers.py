@@ -125,6 +125,22 @@ def scaled_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
     return num / torch.maximum(den, 1e-30 / s[:, 0])
 
 
+def fast_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
+    """``||d|| / max(||fz||, 1e-30)`` with plain norms accumulated in float64 for float32/16
+    states (exact there: ``(3.4e38)² ≪ 1.8e308``); a float64 state whose norm overflows gives a
+    non-finite value, which :meth:`Tracker.record` recomputes with
+    :func:`scaled_rel_residual`."""
+    if fz.ndim != 2:
+        d, fz = d.flatten(1), fz.flatten(1)
+    acc = torch.float64 if fz.dtype in _LOW_PRECISION else None
+    norm = torch.linalg.vector_norm
+    den = norm(fz, dim=1, dtype=acc)
+    r = norm(d, dim=1, dtype=acc) / den.clamp_min(1e-30)
+    # float64: ||fz|| = inf with a finite ||d|| would read 0 ("converged"); inf·0 = NaN sends
+    # such a sample to the scaled form instead
+    return r if acc is not None else r + den * 0.0
+
+
 def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """``||f(z) - z|| / max(||f(z)||, 1e-30)`` per sample (scaled: cannot overflow into 0)."""
     return scaled_rel_residual(fz - z, fz)
@@ -146,24 +162,34 @@ class Tracker:
                                    device=z0.device)
         self.nonfinite = torch.zeros(b, dtype=torch.bool, device=z0.device)
         self.hist: list[torch.Tensor] = []
+        self.worst = float("inf")
 
     @property
     def iterations(self) -> int:
         return len(self.hist)
 
     def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None) -> bool:
-        """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it)."""
+        """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it); True once
+        every sample has met ``tol`` or become non-finite.  One host synchronisation."""
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
-        r = scaled_rel_residual(fz - z if d is None else d.detach(), fz).to(self.best_res.dtype)
+        d = fz - z if d is None else d.detach()
+        r = fast_rel_residual(d, fz).to(self.best_res.dtype)
+        # the running max of r (inf/NaN propagate) decides whether the exact scaled form is
+        # needed; a float64 norm overflows only for entries beyond ~1e154
+        if not bool(torch.isfinite(r).all()):
+            r = scaled_rel_residual(d, fz).to(self.best_res.dtype)
+            # a non-finite z, f(z) or difference makes r NaN (the scale is then inf or NaN)
+            self.nonfinite |= ~torch.isfinite(r)
+            r = torch.where(self.nonfinite, torch.full_like(r, float("inf")), r)
         self.hist.append(r)
-        # a non-finite z, f(z) or difference makes r NaN (the scale s is then inf or NaN)
-        self.nonfinite |= ~torch.isfinite(r)
-        r = torch.where(self.nonfinite, torch.full_like(r, float("inf")), r)
         better = r < self.best_res
         self.best = torch.where(better[:, None], z, self.best)
         self.best_res = torch.minimum(r, self.best_res)
-        return bool(((self.best_res <= self.tol) | self.nonfinite).all())
+        # worst best residual over the finite samples: done when ≤ tol (non-finite samples
+        # are finished too: they are reported, never iterated back to life)
+        self.worst = float(self.best_res.masked_fill(self.nonfinite, 0.0).max())
+        return self.worst <= self.tol
 
     def record_residual(self, r: torch.Tensor) -> None:
         """Append a residual measured by the caller (no best-iterate bookkeeping)."""
@@ -251,6 +277,7 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     G = torch.zeros(b, m, n, dtype=acc, device=dev)
     GG = torch.zeros(b, m, m, dtype=acc, device=dev)
     eye = torch.eye(m, dtype=acc, device=dev)
+    ones = torch.ones(b, m, 1, dtype=acc, device=dev)
     tiny = torch.finfo(acc).tiny ** 0.5
     tr = Tracker("anderson", z0, tol)
     x = z0
@@ -269,8 +296,7 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
         row = (G[:, :filled] @ G[:, slot, :, None])[..., 0]  # (b, filled)
         GG[:, slot, :filled] = row
         GG[:, :filled, slot] = row
-        worst = float(torch.where(tr.nonfinite, torch.zeros_like(tr.best_res),
-                                  tr.best_res).max())
+        worst = tr.worst
         if worst < 0.999 * best_worst:
             best_worst, stale = worst, 0
         else:
@@ -291,11 +317,10 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
         ridge = lam * gg.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
         A = gg + ridge[:, None, None] * eye[:filled, :filled]
         # min ||Σ α_i g_i|| s.t. Σ α_i = 1  ⇔  α = A⁻¹1 / (1ᵀA⁻¹1)
-        ones = torch.ones(b, filled, 1, dtype=acc, device=dev)
-        w, info = torch.linalg.solve_ex(A, ones)
+        w, info = torch.linalg.solve_ex(A, ones[:, :filled])
         alpha = w[..., 0] / w[..., 0].sum(dim=1, keepdim=True)
-        ok = (info == 0) & torch.isfinite(alpha).all(dim=1)
-        if not bool(ok.all()):  # singular: the latest plain step for those samples
+        if bool(info.any()):  # singular: the latest plain step for those samples
+            ok = info == 0
             last = torch.zeros_like(alpha)
             last[:, (slot - 1) % m] = 1.0
             alpha = torch.where(ok[:, None], alpha, last)

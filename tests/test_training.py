@@ -298,6 +298,23 @@ def test_overflowing_iterate_norm_is_not_zero():
     assert abs(float(r) - 0.5) < 1e-12
 
 
+@pytest.mark.parametrize("scale", [2e153, 1e160, 1e300])  # 2e153: only ||f(z)|| overflows
+def test_tracker_never_converges_on_an_overflowing_norm(scale):
+    """The solvers' fast residual (plain float64 norms) must hand an overflowing ||f(z)|| to the
+    scaled form: f(z) with entries ~scale and ||f(z) − z|| / ||f(z)|| = 1e-3 is not converged at
+    tol 1e-6, whichever of the two norms overflows."""
+    from lowering.solvers import Tracker
+
+    fz = torch.full((2, 50), scale, dtype=T64)
+    z = fz.clone()
+    z[:, 0] -= 1e-3 * scale * np.sqrt(50)  # relative residual 1e-3
+    tr = Tracker("t", z, 1e-6)
+    assert not tr.record(z, fz)
+    st = tr.stats()
+    assert not bool(st.converged.any())
+    assert torch.allclose(st.final_residual, torch.full((2,), 1e-3, dtype=T64), rtol=1e-9)
+
+
 # ----------------------------------------------------------------------------- defaults train
 @pytest.mark.parametrize("lr", [1e-3, 1e-2, 3e-2])
 def test_default_options_train_on_digits_with_the_certificate_at_every_step(lr):
