@@ -31,8 +31,11 @@ def _exact_norms(module: nn.Module) -> list[tuple[float, float]]:
     """(dense-SVD norm of each certified operator at the module's effective weights, bound)."""
     with torch.no_grad():
         env = {k: v.detach().double() for k, v in module.env().items()}
-    return [(float(np.linalg.norm(op.matrix(env), 2)), bound)
-            for op, bound in norm_conditions(module.derived)]
+        out = []
+        for op, bound in norm_conditions(module.derived):
+            dense = op.apply(torch.eye(op.in_size, dtype=T64), env).T  # columns A e_i
+            out.append((float(torch.linalg.matrix_norm(dense, 2)), bound))
+    return out
 
 
 def _scaled_residual(module: nn.Module, x: torch.Tensor, z: torch.Tensor) -> np.ndarray:
