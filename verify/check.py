@@ -309,7 +309,7 @@ class _Run:
                     s.notes.append(f"CVXPY point polished (projected gradient "
                                    f"{self._polish_pg[0]:.1e} → {self._polish_pg[1]:.1e}); "
                                    f"relative error {before:.2e} before polishing")
-                else:
+                elif s.rel_error <= self.tols.distinct_minimizer:  # a numerical disagreement
                     r = self.second_reference(obj, b, o, a, r)
             refs.append(r)
             s.reference_objective = o.value
@@ -371,18 +371,25 @@ class _Run:
         (``gap``) a sample whose state differs but whose objective equals the reference's
         (gap ≤ tol) and which is independently stationary (≤ tol) is *a* minimizer of a
         convex objective with a non-unique argmin: the state error is then reported, not
-        failed (e.g. f_hardtanh = ι([-1, 1]ⁿ): every point of the box is a minimizer)."""
+        failed (e.g. f_hardtanh = ι([-1, 1]ⁿ): every point of the box is a minimizer).
+        Below ``distinct_minimizer`` the difference is numerical: it is then accepted only
+        where the layer is at least as stationary as a numeric reference (a flat minimum
+        that the reference, the less accurate of the two, approached from elsewhere)."""
         if gap:
             for s in self.samples:
-                if (s.rel_error is not None and s.rel_error > rel_tol
-                        and s.rel_error > self.tols.distinct_minimizer and s.gap is not None
+                if (s.rel_error is not None and s.rel_error > rel_tol and s.gap is not None
                         and abs(s.gap) <= self.tols.gap and s.stationarity is not None
-                        and s.stationarity <= self.tols.stationarity):
+                        and s.stationarity <= self.tols.stationarity
+                        and (s.rel_error > self.tols.distinct_minimizer
+                             or (s.reference_stationarity is not None
+                                 and s.stationarity <= s.reference_stationarity))):
+                    what = ("the convex objective's argmin is not a single point here"
+                            if s.rel_error > self.tols.distinct_minimizer else
+                            "a flat minimum: the layer's point is the more stationary one")
                     s.notes.append(
                         f"state differs from the reference (relative error {s.rel_error:.2e}) "
                         f"but has its objective value (gap {s.gap:.1e}) and is stationary "
-                        f"({s.stationarity:.1e}): the convex objective's argmin is not a "
-                        "single point here")
+                        f"({s.stationarity:.1e}): {what}")
                     s.argmin_not_unique = True
         errs = [s.rel_error for s in self.samples if s.rel_error is not None
                 and not (gap and s.argmin_not_unique)]
@@ -399,12 +406,19 @@ class _Run:
     def check_stationarity(self) -> None:
         if "inclusion_gradient-form" in self.rules:
             return
-        stats = [s.stationarity for s in self.samples if s.stationarity is not None]
+        # a state accepted with fixed-point residual r (≤ the residual tolerance) is only
+        # r-accurate, so its stationarity residual is allowed 10·r (a Lipschitz factor of the
+        # unit-step forward–backward map); a wrong T, exactly at its own fixed point (r ≈ 0),
+        # still faces the full tolerance
+        allowed = [max(self.tols.stationarity, 10.0 * s.residual) if math.isfinite(s.residual)
+                   else self.tols.stationarity for s in self.samples]
+        stats = [(s.stationarity, a) for s, a in zip(self.samples, allowed)
+                 if s.stationarity is not None]
         if stats:
-            worst = _worst(stats)
-            self.rule("stationarity", worst <= self.tols.stationarity,
-                      f"independent stationarity residual {worst:.3e} > "
-                      f"{self.tols.stationarity:g}")
+            bad = [(v, a) for v, a in stats if not v <= a]
+            v, a = bad[0] if bad else (_worst([v for v, _ in stats]), self.tols.stationarity)
+            self.rule("stationarity", not bad,
+                      f"independent stationarity residual {v:.3e} > {a:g}")
 
     def no_equilibrium(self) -> None:
         """No reference: without an equilibrium there is nothing to compare."""
