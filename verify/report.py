@@ -101,6 +101,8 @@ class SampleResult:
     notes: list[str] = field(default_factory=list)
     #: state differs from the reference but objective and stationarity match (convex claims)
     argmin_not_unique: bool = False
+    #: the state error is within the error bound of an unconverged tight solve (not compared)
+    unresolved: bool = False
 
 
 @dataclass

@@ -43,7 +43,7 @@ def classify(d: lowering.DerivedLayer, rep: Any, inputs: dict[str, torch.Tensor]
     if first.startswith("claim not certified here"):
         return "ill-posed"
     if first.startswith(("reference solver failed", "reference unavailable",
-                         "reference not accurate")):
+                         "reference not accurate", "equilibrium not accurate enough")):
         return "reference-failure"
     if first.startswith("equilibrium not found") or (
             first.startswith("optimality residual") and rep.label == "equilibrium not found"):
