@@ -50,7 +50,9 @@ def test_eq4_closed_form_lowers_to_theorem1_layer(act: str) -> None:
         # stationarity lifting does not handle yet (it reports inf); the CVXPY comparison is
         # what this checks: error and objective gap within verify's own tolerances
         assert rep.reference.kind == "cvxpy"
-        assert rep.failures == ["independent stationarity residual inf > 1e-08"], rep
+        # (the residual it reports is inf or a large finite value depending on the lifting)
+        assert len(rep.failures) == 1, rep
+        assert rep.failures[0].startswith("independent stationarity residual"), rep
         assert all(s.rel_error <= 1e-6 and abs(s.gap) <= 1e-6 for s in rep.samples), rep
 
 
