@@ -35,6 +35,8 @@ class DerivedLayer:
     certificate: Any = None
     regularizers: list[Any] = field(default_factory=list)
     payload: Any = None
+    #: the keyword options ``lower`` was called with (re-deriving the layer, e.g. on unpickle)
+    lower_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def info(self) -> dict[str, Any]:

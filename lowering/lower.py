@@ -18,4 +18,7 @@ def lower(objective: Any, *, rules: RuleRegistry | None = None, **options: Any) 
     ``deep_form`` ("composition": ``T`` returns ``z_0`` | "multiblock": ``T`` returns every
     block), ``tau`` (forward–backward step).  ``rules`` defaults to the registry that
     :func:`register_rule` extends."""
-    return (RULES if rules is None else rules).lower(objective, **options)
+    derived = (RULES if rules is None else rules).lower(objective, **options)
+    if options and not derived.lower_options:
+        derived.lower_options = dict(options)
+    return derived

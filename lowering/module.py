@@ -203,16 +203,18 @@ class EquilibriumModule(nn.Module):
         except Exception:
             state["derived"] = None
             state["_relower_source"] = self.derived.source
+            state["_relower_options"] = dict(getattr(self.derived, "lower_options", {}) or {})
         return state
 
     def __setstate__(self, state: dict) -> None:
         source = state.pop("_relower_source", None)
+        options = state.pop("_relower_options", {})
         super().__setstate__(state)
         if source is not None:
             if RELOWER is None:
                 raise ShapeError("cannot re-derive the unpickled layer: lowering.lower is not "
                                  "registered", term="unpickle", hint="import lowering first")
-            derived = RELOWER(source)
+            derived = RELOWER(source, **options)
             if fingerprint(derived) != self._fingerprint:
                 raise ShapeError("the unpickled layer re-derives to a different layer "
                                  f"({fingerprint(derived)} ≠ {self._fingerprint})",
@@ -463,13 +465,14 @@ class EquilibriumModule(nn.Module):
                 f"{stats.solver} (worst {stats.max_residual:.3e}); {lip}")
         msg = f"{what}; {conv}" if what else conv
         hint = self._hint()
-        if self.on_nonconvergence == "raise" or (self._batch_coupled and
-                                                  bool(nonfinite.any())):
+        # NaN/Inf iterates (divergence) raise unless the caller opted into NaN outputs (mask)
+        if self.on_nonconvergence == "raise" or (bool(nonfinite.any()) and
+                                                  self.on_nonconvergence != "mask"):
             cls = NonFiniteError if bool(nonfinite.any()) else ConvergenceError
             raise cls(msg, term="forward", hint=hint)
-        if self.on_nonconvergence == "warn":
+        if self.on_nonconvergence == "warn":  # finite, unconverged samples: their best iterate
             warnings.warn(f"forward: {msg}. Hint: {hint}", ConvergenceWarning, stacklevel=3)
-            return torch.where(nonfinite, torch.zeros_like(ok), torch.ones_like(ok))
+            return torch.ones_like(ok)
         warnings.warn(f"forward: {msg}; their outputs are NaN and excluded from the backward "
                       "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=3)
         return ok
