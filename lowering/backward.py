@@ -206,6 +206,7 @@ class ImplicitBackward:
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:
+        """``z*`` with the exact implicit gradient attached."""
         return _ImplicitFixedPoint.apply(z_star.detach(), problem, *problem.tensors)
 
 
@@ -235,6 +236,7 @@ class PhantomBackward:
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:
+        """``k`` damped applications of ``T`` from the detached ``z*``, first order only."""
         z = z_star.detach()
         lam = options.phantom_damping
         for _ in range(options.phantom_steps):
@@ -249,7 +251,8 @@ class UnrollBackward:
     name = "unroll"
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
-               options: Any) -> torch.Tensor:  # the module runs the unrolled loop itself
+               options: Any) -> torch.Tensor:
+        """The unrolled iterate as is (the module runs the unrolled loop with autograd)."""
         return z_star
 
 

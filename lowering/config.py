@@ -124,14 +124,17 @@ class ModuleConfig:
 
     @property
     def adjoint_solver(self) -> str:
+        """Solver of the adjoint fixed point (the backward's, else the forward's)."""
         return self.backward.solver or self.forward.solver
 
     @property
     def adjoint_tol(self) -> float:
+        """Tolerance of the adjoint fixed point (the backward's, else the forward's)."""
         return float(self.backward.tol if self.backward.tol is not None else self.forward.tol)
 
     @property
     def adjoint_max_iter(self) -> int:
+        """Iteration cap of the adjoint fixed point (the backward's, else the forward's)."""
         return int(self.backward.max_iter or self.forward.max_iter)
 
 

@@ -120,26 +120,32 @@ class EquilibriumModule(nn.Module):
     # ------------------------------------------------------------------ options (read-only views)
     @property
     def solver(self) -> str:
+        """The forward solver's registry name (``config.forward.solver``)."""
         return self.config.forward.solver
 
     @property
     def tol(self) -> float:
+        """Relative residual the forward solve stops at (``config.forward.tol``)."""
         return self.config.forward.tol
 
     @property
     def max_iter(self) -> int:
+        """Iteration cap of the forward solve (``config.forward.max_iter``)."""
         return self.config.forward.max_iter
 
     @property
     def backward(self) -> str:
+        """The backward strategy's registry name (``config.backward.mode``)."""
         return self.config.backward.mode
 
     @property
     def on_nonconvergence(self) -> str:
+        """``"raise"`` | ``"warn"`` | ``"mask"`` (``config.on_nonconvergence``)."""
         return self.config.on_nonconvergence
 
     @property
     def sam(self) -> Any:
+        """The SAM selection config, or None (``config.sam``)."""
         return self.config.sam
 
     @property
@@ -507,6 +513,7 @@ class EquilibriumModule(nn.Module):
         return text
 
     def extra_repr(self) -> str:
+        """State shapes, solver, backward, tolerance and weight control, for ``repr``."""
         wc = self.weight_control.mode if self.weight_control is not None else None
         return (f"state={[(b.name, b.shape) for b in self.blocks]}, solver={self.solver}, "
                 f"backward={self.backward}, tol={self.tol:g}, max_iter={self.max_iter}, "

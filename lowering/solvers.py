@@ -82,6 +82,7 @@ class SolverStats:
 
     @property
     def mean_iterations(self) -> float:
+        """Mean over the batch of the iterations until each sample met ``tol``."""
         return float(self.iterations.float().mean())
 
     @property
@@ -166,6 +167,7 @@ class Tracker:
 
     @property
     def iterations(self) -> int:
+        """Residuals recorded so far."""
         return len(self.hist)
 
     def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None) -> bool:
@@ -196,6 +198,7 @@ class Tracker:
         self.hist.append(r.detach().to(self.best_res.dtype))
 
     def stats(self) -> SolverStats:
+        """Per-sample :class:`SolverStats` of the iterates recorded so far."""
         k = len(self.hist)
         res = (torch.stack(self.hist, dim=1) if self.hist
                else torch.zeros(self.best.shape[0], 0, dtype=self.best_res.dtype,
