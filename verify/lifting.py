@@ -31,10 +31,8 @@ import torch
 
 from convex_eq.errors import ConvexEqError, ShapeError
 from convex_eq.objective import Objective
-from convex_eq.terms.conjugate import SeparableAffineConjugate
-from convex_eq.terms.l1 import LinfBallIndicator
 from convex_eq.terms.moreau import MoreauEnvelope
-from convex_eq.terms.potential import AntiderivativeConjugate, Potential, PotentialConjugate
+from convex_eq.terms.potential import activation_box
 
 T64 = torch.float64
 _aux_ids = itertools.count()
@@ -329,25 +327,6 @@ def lift_batch(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> 
     return BatchLifted(lift(obj, inputs, env), batch)
 
 # ---------------------------------------------------------------------- building
-def _domain_bounds(act: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Box ``dom f_σ``; open ends (strictly increasing σ) are moved inside by 1e-12."""
-    lo, hi = act.domain
-    if act.smooth_potential:
-        lo = lo + 1e-12 * max(1.0, abs(lo)) if math.isfinite(lo) else lo
-        hi = hi - 1e-12 * max(1.0, abs(hi)) if math.isfinite(hi) else hi
-    return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
-
-
-def _conjugate_domain_bounds(t: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Box ``dom f_σ*(·/c) = c·dom f_σ*``; open ends (strictly increasing σ, e.g. softplus:
-    ``(-∞, 0)``) are moved inside by 1e-12 — a start on the boundary is outside the domain."""
-    lo, hi = (t.c * v for v in t.act.conjugate_domain)
-    if t.act.smooth_potential and lo < hi:  # a point domain (identity: f* = ι{0}) stays closed
-        lo = lo + 1e-12 * max(1.0, abs(lo)) if math.isfinite(lo) else lo
-        hi = hi - 1e-12 * max(1.0, abs(hi)) if math.isfinite(hi) else hi
-    return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
-
-
 def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool:
     """True if the envelope's inner objective has a closed-form prox (then its value is used)."""
     try:
@@ -388,12 +367,12 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
         name = alias.get(s.name, s.name)
         if name in p.state_fns:
             continue
-        conj = [t for t in obj.terms if isinstance(t, SeparableAffineConjugate)
+        conj = [t for t in obj.terms if t.lift_role == "dual"
                 and t.state is s and t.coef(env) > 0]
         if len(conj) == 1:
             c = conj[0]
             m = np.asarray(c.op.matrix(env), dtype=np.float64)
-            lo, hi = _domain_bounds(c.act, m.shape[0])
+            lo, hi = activation_box(*c.act.domain, m.shape[0], c.act.smooth_potential)
             blk = p.add_block(f"{name}__y", m.shape[0], lo, hi, "dual", name)
             mt = torch.as_tensor(m, dtype=T64)
             p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
@@ -401,24 +380,17 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
             continue
         lo = np.full(s.size, -np.inf)
         hi = np.full(s.size, np.inf)
-        for t in obj.terms:
-            if isinstance(t, (Potential, AntiderivativeConjugate)) and t.prox_state is s and \
-                    t.coef(env) > 0:  # dom σ̃* = dom f_σ (σ̃* = f_σ + ½u²)
-                a, b = _domain_bounds(t.act, s.size)
-                lo, hi = np.maximum(lo, a), np.minimum(hi, b)
-            elif isinstance(t, PotentialConjugate) and t.prox_state is s and t.coef(env) > 0:
-                a, b = _conjugate_domain_bounds(t, s.size)  # dom (c·Σf_σ)* = c·dom f_σ*
-                lo, hi = np.maximum(lo, a), np.minimum(hi, b)
-            elif isinstance(t, LinfBallIndicator) and t.prox_state is s and t.coef(env) > 0:
-                r = t.radius_value(env)  # ι(||z||∞ ≤ r) is the box [-r, r]ⁿ
-                lo, hi = np.maximum(lo, -r), np.minimum(hi, r)
+        for t in obj.terms:  # each term states its own domain box (Term.domain_box)
+            box = t.domain_box(s.size, env) if t.prox_state is s else None
+            if box is not None:
+                lo, hi = np.maximum(lo, box[0]), np.minimum(hi, box[1])
         origin = "state" if not alias else "aux"
         blk = p.add_block(name, s.size, lo, hi, origin, name)
         p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
     values = _values_fn(p, obj, alias, inputs)
     p.coupled = p.coupled or any(getattr(t, "batch_coupled", False) for t in obj.terms)
     for t in obj.terms:
-        if isinstance(t, SeparableAffineConjugate) and t.coef(env) > 0 and \
+        if t.lift_role == "dual" and t.coef(env) > 0 and \
                 alias.get(t.state.name, t.state.name) in p.duals:
             d = p.duals[alias.get(t.state.name, t.state.name)]
             c = scale * t.coef(env) * t.s
@@ -432,8 +404,7 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
                 return c * val
 
             p.contributions.append(conj_val)
-        elif isinstance(t, MoreauEnvelope) and not _closed_form_prox(t, t.state.size, inputs,
-                                                                        env):
+        elif t.lift_role == "envelope" and not _closed_form_prox(t, t.state.size, inputs, env):
             outer = alias.get(t.state.name, t.state.name)
             aux = f"{outer}__env{next(_aux_ids)}"
             c = scale * t.coef(env)
@@ -452,9 +423,10 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
 
             st = t.prox_state
             blk = alias.get(st.name, st.name) if st is not None else None
-            separable = getattr(t, "separable", False) or isinstance(
-                t, (PotentialConjugate, AntiderivativeConjugate))  # Σ_j g(u_j), 1-D proxes
-            if (not t.smooth and not isinstance(t, Potential) and st is not None
+            # Σ_j g(u_j) with 1-D proxes (Term.lift_prox; a potential enters as its box)
+            separable = t.lift_prox if t.lift_prox is not None else getattr(t, "separable",
+                                                                             False)
+            if (not t.smooth and st is not None
                     and separable and t.has_prox and t.coef(env) > 0
                     and blk is not None and blk not in p.prox_terms
                     and any(b.name == blk for b in p.blocks) and scale == 1.0):

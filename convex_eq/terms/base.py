@@ -112,6 +112,18 @@ class Term:
     smooth: bool = False
     #: True if the term couples samples of a batch (batch decorrelation)
     batch_coupled: bool = False
+    #: how verify's lifted problem takes the term (docs/theory.md §9.2): "value" (its value is
+    #: one contribution), "dual" (a conjugate of an affine map: an auxiliary dual block y with
+    #: z = s·Mᵀy), "envelope" (a Moreau envelope: an auxiliary copy of its state)
+    lift_role: str = "value"
+    #: the lifted problem may polish with this term's 1-D prox (a separable non-smooth term);
+    #: None: the term's ``separable`` flag decides
+    lift_prox: bool | None = None
+
+    def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
+        """``dom`` of the term in its prox state as a box ``(lo, hi)`` of length ``size`` (float64
+        numpy arrays; open ends moved inside by 1e-12), or None when it constrains nothing."""
+        return None
 
     def __init__(self, *args: Any):
         self.args: list[Affine] = [as_affine(a) for a in args]

@@ -31,6 +31,7 @@ class SeparableAffineConjugate(Term):
 
     label = "conjugate of σ̃∘affine"
     base_curvature = "convex"
+    lift_role = "dual"  # lifted with its auxiliary y (z = s·Mᵀy), y ∈ dom σ̃* = dom f_σ
     smooth = False
 
     def __init__(self, act: Activation, op: object, q: Affine | None, s: float, state: Symbol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._lazy import cvxpy as cp
@@ -97,6 +98,13 @@ class LinfBallIndicator(Term):
 
     Membership is tested with a relative slack of ``8·eps(dtype)`` so that points produced by
     ``clip`` or by ``r·sign(x)`` count as inside in float32 as well as float64."""
+
+    def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
+        """``ι(||u||∞ ≤ r)`` is the box ``[-r, r]^size`` (when the coefficient is > 0)."""
+        if not self.coef(env) > 0:
+            return None
+        r = self.radius_value(env)
+        return np.full(size, -r, dtype=np.float64), np.full(size, r, dtype=np.float64)
 
     label = "ℓ∞-ball indicator"
     base_curvature = "convex"

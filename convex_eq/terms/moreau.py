@@ -21,6 +21,7 @@ class MoreauEnvelope(Term):
     ``prox_{λM_f^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)f}(x) - x)``."""
 
     label = "Moreau envelope"
+    lift_role = "envelope"  # lifted with an auxiliary copy u of its state: f(u) + ||u − v||²/(2μ)
     smooth = True
 
     def __init__(self, inner: Any, mu: float | Scalar = 1.0):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..activations import Activation, get_activation
@@ -31,6 +32,15 @@ def _activation(act: Any) -> Activation:
 _SMOOTH_POTENTIAL_LIP = {"identity": lambda a: 0.0, "leaky_relu": lambda a: 1.0 / a.slope - 1.0}
 
 
+def activation_box(lo: float, hi: float, size: int, open_ends: bool) -> tuple[Any, Any]:
+    """``[lo, hi]^size`` as float64 arrays; with ``open_ends`` (a strictly increasing σ: the
+    domain is open) finite ends move inside by 1e-12 (a point on the boundary is outside)."""
+    if open_ends and lo < hi:
+        lo = lo + 1e-12 * max(1.0, abs(lo)) if math.isfinite(lo) else lo
+        hi = hi - 1e-12 * max(1.0, abs(hi)) if math.isfinite(hi) else hi
+    return np.full(size, lo, dtype=np.float64), np.full(size, hi, dtype=np.float64)
+
+
 class _ActivationTerm(Term):
     def __init__(self, act: Any, u: Any):
         self.act = _activation(act)
@@ -47,6 +57,13 @@ class Potential(_ActivationTerm):
     """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (docs/theory.md §1)."""
 
     label = "activation potential"
+    lift_prox = False  # its domain enters the lifted problem as a box, not as a prox term
+
+    def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
+        """``dom f_σ`` (``σ̃* = f_σ + ½u²`` has the same domain) when the coefficient is > 0."""
+        if not self.coef(env) > 0:
+            return None
+        return activation_box(*self.act.domain, size, self.act.smooth_potential)
     base_curvature = "convex"
 
     @property
@@ -111,6 +128,15 @@ class PotentialConjugate(_ActivationTerm):
     """``(c·Σ f_σ)*(y) = c Σ f_σ*(y/c)``: closed-form conjugate of a potential."""
 
     label = "conjugate potential"
+    lift_prox = True  # Σ_j g(u_j): 1-D proxes
+
+    def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
+        """``dom (c·Σf_σ)* = c·dom f_σ*`` when the coefficient is > 0 (a point domain, e.g.
+        ``f_id* = ι{0}``, stays closed)."""
+        if not self.coef(env) > 0:
+            return None
+        lo, hi = (self.c * v for v in self.act.conjugate_domain)
+        return activation_box(lo, hi, size, self.act.smooth_potential)
     base_curvature = "convex"
     smooth = False
 
@@ -191,6 +217,13 @@ class AntiderivativeConjugate(_ActivationTerm):
     """``Σ_j σ̃*(u_j) = Σ f_σ(u_j) + ½||u||²``: (1/L_σ)-strongly convex, DCP for registry σ."""
 
     label = "conjugate antiderivative"
+    lift_prox = True  # Σ_j σ̃*(u_j): 1-D proxes
+
+    def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
+        """``dom σ̃* = dom f_σ`` when the coefficient is > 0."""
+        if not self.coef(env) > 0:
+            return None
+        return activation_box(*self.act.domain, size, self.act.smooth_potential)
     base_curvature = "convex"
     smooth = False
 
