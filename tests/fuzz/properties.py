@@ -391,9 +391,9 @@ def check_verify(d: lowering.DerivedLayer, case: Case) -> str:
         "verify.check failed without a labelled reason")
     head = re.sub(r"[-+]?\d[\d.e+-]*", "#", rep.failures[0].split(":")[0])[:48]
     from .adjudicate import classify  # every FAIL re-checked by an independent method
-    from .stats import keep_unconfirmed
+    from .stats import keep_case
 
     cls = classify(d, rep, x)
-    if cls == "unconfirmed":
-        keep_unconfirmed(f"{case!r}\n{rep}")
+    if cls in ("unconfirmed", "confirmed"):  # a suspected false alarm, or a real layer defect
+        keep_case(cls, f"{case!r}\n{rep}")
     return f"verify:failed[{cls}]({head})"

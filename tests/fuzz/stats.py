@@ -42,13 +42,17 @@ def record(test: str, outcome: str) -> None:
     event(f"{test}: {outcome}")
 
 
-#: the cases (repr and report) of unconfirmed verify FAILs, for the stats file (first 50)
+#: the cases (repr and report) of unconfirmed verify FAILs (suspected false alarms) and of
+#: confirmed ones (real violations of the claim), for the stats file (first 50 of each)
 UNCONFIRMED: list[str] = []
+CONFIRMED: list[str] = []
 
 
-def keep_unconfirmed(text: str) -> None:
-    if len(UNCONFIRMED) < 50:
-        UNCONFIRMED.append(text)
+def keep_case(cls: str, text: str) -> None:
+    """Keep the case of an ``unconfirmed`` or ``confirmed`` verify FAIL for the stats file."""
+    kept = CONFIRMED if cls == "confirmed" else UNCONFIRMED
+    if len(kept) < 50:
+        kept.append(text)
 
 
 def fail_classes(counts: Counter) -> dict[str, int]:
@@ -71,6 +75,7 @@ def summary() -> dict[str, Any]:
         "cases_per_test": {t: sum(c.values()) for t, c in tests.items()},
         "verify_fail_classes": fail_classes(COUNTS.get("verify", Counter())),
         "unconfirmed_cases": UNCONFIRMED,
+        "confirmed_cases": CONFIRMED,
         "outcomes": tests,
     }
 
