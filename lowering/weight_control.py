@@ -184,9 +184,6 @@ class WeightControl:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "cache": {}}
 
-    def register(self, module: Any, dtype: torch.dtype) -> None:
-        """Nothing to persist: the bounds are functions of the weights alone."""
-
     def norms(self, env: dict) -> dict[str, tuple[float, float]]:
         """``name → (σ̄ of the controlled operator at env, target)`` (for logging and tests)."""
         with torch.no_grad():
