@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_modu
 #: otherwise import): unpickling re-derives a layer whose derivation holds closures
 RELOWER: Any = None
 
-ON_FAIL = ("raise", "warn", "mask")
+
 #: dtypes solved internally in float32 (their 8-/11-bit mantissas cannot reach useful tolerances)
 HALF = (torch.float16, torch.bfloat16)
 
