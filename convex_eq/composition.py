@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .errors import ScaleError, ShapeError
 from .objective import Objective
-from .symbols import Scalar, Symbol, scalar_value
+from .symbols import Env, Scalar, Symbol, scalar_value
 from .terms.moreau import MoreauEnvelope
 from .terms.quadratic import SqNorm
 
@@ -32,6 +32,14 @@ class DeepComposition:
         a = scalar_value(self.alpha)
         if not 0 < a <= 1:
             raise ScaleError(f"α = {a} must lie in (0, 1]", term=self.name)
+        al = self.alpha
+        if isinstance(al, Scalar) and al.learnable and (
+                al.low is None or al.low < 0 or al.high is None or al.high > 1):
+            raise ScaleError(f"learnable α '{al.name}' has the range [{al.low}, {al.high}], "
+                             "not inside (0, 1] (the skip connection's condition)",
+                             term=self.name,
+                             hint=f"declare Scalar('{al.name}', {a:g}, low=0, low_open=True, "
+                             "high=1, learnable=True)")
         sizes = set()
         for i, phi in enumerate(self.layers):
             if len(phi.states) != 1:
@@ -56,22 +64,27 @@ class DeepComposition:
 
     @property
     def symbols(self) -> list[Symbol]:
+        """The layers' symbols, then ``α`` when it is a :class:`Scalar` (possibly learnable)."""
         out: list[Symbol] = []
         for phi in self.layers:
             for s in phi.symbols:
                 if all(s is not o for o in out):
                     out.append(s)
+        if isinstance(self.alpha, Scalar) and all(self.alpha is not o for o in out):
+            out.append(self.alpha)
         return out
 
-    def alpha_value(self) -> float:
-        return scalar_value(self.alpha)
+    def alpha_value(self, env: Env | None = None) -> float:
+        """``α`` at ``env`` (a trained/learnable value there) or its declared value."""
+        return scalar_value(self.alpha, env)
 
-    def corollary1_objective(self) -> Objective:
-        """L = 2: ``α M_{φ_1}^{1-α}(z_1) + α M_{φ_2}^{1-α}(z_0) + ½||z_1 - z_0||²``."""
+    def corollary1_objective(self, env: Env | None = None) -> Objective:
+        """L = 2: ``α M_{φ_1}^{1-α}(z_1) + α M_{φ_2}^{1-α}(z_0) + ½||z_1 - z_0||²`` (``α`` at
+        ``env``)."""
         if self.L != 2:
             raise ShapeError(f"Corollary 1 needs L = 2, got L = {self.L}", term=self.name,
                              hint="for L ≥ 3 use the Theorem 2 inclusion residual")
-        a = self.alpha_value()
+        a = self.alpha_value(env)
         if a == 1.0:
             raise ScaleError("Corollary 1 with α = 1 has no envelope (μ = 1 - α = 0)",
                              term=self.name, hint="use α < 1")

@@ -173,13 +173,13 @@ class Objective:
         a, shift, g = 0.0, None, []
         for term in self.terms:
             if isinstance(term, SqNorm) and term.prox_state is s:
-                a += term.coef(env)
+                a = a + term.coef_t(env)
             elif isinstance(term, Linear) and term.args[1].is_state(s):
-                w = term.coef(env) * term.args[0].evaluate(values or {}, env)
+                w = term.coef_t(env) * term.args[0].evaluate(values or {}, env)
                 shift = w if shift is None else shift + w
             else:
                 g.append(term)
-        if 1 + t * a <= 0:
+        if not 1 + t * float(a) > 0:
             raise LoweringError("prox undefined: quadratic coefficient ≤ -1/t", term=str(self))
         v2 = v if shift is None else v - t * shift
         v2 = v2 / (1 + t * a)

@@ -156,7 +156,13 @@ class Constant(Symbol):
 
 
 class Scalar(Symbol):
-    """A scalar hyper-parameter (γ, α, λ, ε, μ) with an admissible range."""
+    """A scalar hyper-parameter (γ, α, λ, ε, μ) with an admissible range ``low ≤ v ≤ high``.
+
+    ``learnable=True`` makes the emitted module train it: the module keeps an unconstrained
+    parameter θ and uses ``v = low + (high − low)·sigmoid(θ)`` (both bounds),
+    ``low + softplus(θ)`` / ``high − softplus(θ)`` (one bound) or ``θ`` (none), so ``v`` stays
+    strictly inside the declared range at every step (docs/guide.md, "Learnable
+    hyper-parameters")."""
 
     kind = "scalar"
 
@@ -168,10 +174,25 @@ class Scalar(Symbol):
         low: float | None = None,
         high: float | None = None,
         low_open: bool = False,
+        learnable: bool = False,
     ):
         super().__init__(name, (), float(value))
         self.low, self.high, self.low_open = low, high, low_open
+        self.learnable = bool(learnable)
         self.check(float(value))
+        v = float(value)
+        if self.learnable and (v == low or v == high):
+            raise ScaleError(f"learnable {name} = {v:g} starts on a bound of its range "
+                             f"[{low}, {high}]; its parametrisation keeps it strictly inside",
+                             term=name, hint=f"start {name} inside the range")
+
+    def coef_value(self, env: Env | None = None) -> Any:
+        """The value for evaluation: the tensor in ``env`` itself when it carries a gradient
+        (a learnable scalar, kept in range by its parametrisation), else the checked float."""
+        v = env.get(self.name) if env is not None else None
+        if getattr(v, "requires_grad", False):
+            return v
+        return self.float(env)
 
     def check(self, v: float, term: str | None = None) -> float:
         """Raise ScaleError unless ``v`` lies in the declared range."""
@@ -192,7 +213,8 @@ class Scalar(Symbol):
 
     def float(self, env: Env | None = None) -> float:
         """Current value as a python float (checked against the range)."""
-        return self.check(float(self.resolve(env)))
+        v = self.resolve(env)
+        return self.check(float(v.detach() if hasattr(v, "detach") else v))
 
     def __mul__(self, c: Any) -> Any:
         """``c·λ`` for a number ``c``: a coefficient that scales a term (``0.5 * lam * t``)."""
@@ -239,3 +261,9 @@ def _latex_name(name: str) -> str:
 def scalar_value(s: Scalar | float, env: Env | None = None) -> float:
     """A float from a Scalar symbol or a plain number."""
     return s.float(env) if isinstance(s, Scalar) else float(s)
+
+
+def scalar_coef(s: Scalar | float, env: Env | None = None) -> Any:
+    """The value of a Scalar for evaluation (``Scalar.coef_value``: a tensor when learnable and
+    carrying a gradient) or the plain number."""
+    return s.coef_value(env) if isinstance(s, Scalar) else float(s)

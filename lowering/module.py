@@ -36,6 +36,7 @@ from .backward import AdjointConfig, FixedPointProblem, get_backward
 from .config import ModuleConfig, build_config
 from .nodes import broadcast_batch
 from .sam import sam_iterate
+from .scalars import LearnableScalar, check_learnable
 from .solvers import SolverStats, Tracker, get_solver
 from .weight_control import WeightControl, norm_conditions
 
@@ -93,12 +94,20 @@ class EquilibriumModule(nn.Module):
         self._shapes = {s.name: tuple(s.shape) for s in derived.parameters}
         self._const_names: list[str] = []
         self._scalar_names: list[str] = []
+        #: learnable scalars: unconstrained θ (trained) and the map onto the declared range
+        self.scalar_params = nn.ParameterDict()
+        self._scalar_maps: dict[str, LearnableScalar] = {}
         for s in derived.parameters:
             if s.kind == "weight" or (s.kind == "constant" and cfg.learnable_constants):
                 self.weights[s.name] = nn.Parameter(s.value.detach().clone().to(dtype))
             elif s.kind == "constant":
                 self.register_buffer(f"const_{s.name}", s.value.detach().clone().to(dtype))
                 self._const_names.append(s.name)
+            elif getattr(s, "learnable", False):
+                m = LearnableScalar(s)
+                self._scalar_maps[s.name] = m
+                self.scalar_params[s.name] = nn.Parameter(
+                    torch.tensor(m.initial_raw(float(s.value)), dtype=torch.float64))
             else:
                 self.register_buffer(f"scalar_{s.name}",
                                      torch.tensor(float(s.value), dtype=torch.float64))
@@ -112,6 +121,9 @@ class EquilibriumModule(nn.Module):
         if self.weight_control is not None and wc.mode == "auto":
             self.weight_control.calibrate(self._raw_env())
         self._checked: dict[str, tuple[int, int]] = {}
+        if self._scalar_maps:
+            check_learnable(derived, list(self._scalar_maps), self.T, self.env(),
+                            dict(self.scalar_params.items()), RELOWER)
         self._fingerprint = fingerprint(derived)
         self.last_stats: SolverStats | None = None
         self.last_backward_stats: SolverStats | None = None
@@ -233,7 +245,15 @@ class EquilibriumModule(nn.Module):
             env[n] = getattr(self, f"const_{n}")
         for n in self._scalar_names:
             env[n] = getattr(self, f"scalar_{n}")
+        for n, m in self._scalar_maps.items():
+            env[n] = m.value(self.scalar_params[n])
         return env
+
+    def scalar_values(self) -> dict[str, float]:
+        """Current values of the layer's scalar hyper-parameters (learnable ones included)."""
+        with torch.no_grad():
+            env = self._raw_env()
+            return {n: float(env[n]) for n in [*self._scalar_names, *self._scalar_maps]}
 
     def env(self) -> dict[str, torch.Tensor]:
         """Name → tensor for weights (after weight control), constants and scalars.

@@ -148,13 +148,13 @@ class GradSum(Node):
             # Term.grad with the term coefficient and the sign folded into one scalar (no
             # multiplication at all when it is 1, e.g. -(-<q,z>) and -(-½||Wz||²))
             if c is None:
-                c = self.sign * t.coef(env)
+                c = self.sign * t.coef_t(env)
             gs = t.raw_grad([a.evaluate(vals, env) for a in t.args], env)
             for k in idx:
                 if gs[k] is None:
                     continue
                 contrib = t.args[k].adjoint(gs[k], self.block, env)
-                contrib = contrib if c == 1.0 else c * contrib
+                contrib = contrib if _is_one(c) else c * contrib
                 out = contrib if out is None else out + contrib
         if out is None:
             return torch.zeros_like(Z[self.block.name])
@@ -216,28 +216,72 @@ class Prox(Node):
         return f"\\mathrm{{prox}}_{{{t}{name}}}\\big({self.inner.latex()}\\big)"
 
 
-class Combo(Node):
-    """``Σ c_k node_k`` (e.g. the skip connection ``α T(z) + (1-α) z``)."""
+def _is_one(c: Any) -> bool:
+    return isinstance(c, float) and c == 1.0
 
-    def __init__(self, parts: list[tuple[float, Node]]):
-        self.parts = parts
+
+class ScalarCoef:
+    """``offset + factor·s`` for a scalar hyper-parameter ``s`` (e.g. ``α`` and ``1 − α`` of a
+    skip connection): read from ``env`` at each evaluation, so a learnable ``s`` gets its
+    gradient (``Scalar.coef_value``)."""
+
+    def __init__(self, scalar: Symbol, factor: float = 1.0, offset: float = 0.0):
+        self.scalar, self.factor, self.offset = scalar, factor, offset
+
+    def value(self, env: Env | None) -> Any:
+        v = self.scalar.coef_value(env)
+        v = v if self.factor == 1.0 else self.factor * v
+        return v if self.offset == 0.0 else self.offset + v
+
+    def float(self, env: Env | None) -> float:
+        return self.offset + self.factor * self.scalar.float(env)
+
+    def fmt(self, latex: bool) -> str:
+        name = self.scalar.latex() if latex else self.scalar.name
+        if self.offset == 0.0:
+            return name if self.factor == 1.0 else f"{self.factor:g}{name}"
+        sign = "-" if self.factor < 0 else "+"
+        f = abs(self.factor)
+        body = name if f == 1.0 else f"{f:g}{name}"
+        return f"({self.offset:g} {sign} {body})"
+
+
+Coef = float | ScalarCoef
+
+
+def coef_value(c: Coef, env: Env | None) -> Any:
+    """A Combo coefficient's value (a float, or a scalar's value read from ``env``)."""
+    return c if isinstance(c, float) else c.value(env)
+
+
+def coef_float(c: Coef, env: Env | None) -> float:
+    return c if isinstance(c, float) else c.float(env)
+
+
+class Combo(Node):
+    """``Σ c_k node_k`` (e.g. the skip connection ``α T(z) + (1-α) z``); a coefficient is a
+    number or a :class:`ScalarCoef` (a hyper-parameter, possibly learnable)."""
+
+    def __init__(self, parts: list[tuple[Coef, Node]]):
+        self.parts = [(c if isinstance(c, ScalarCoef) else float(c), n) for c, n in parts]
 
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         out = None
         for c, n in self.parts:
             v = n.eval(Z, env)
-            v = v if c == 1.0 else c * v
+            v = v if _is_one(c) else coef_value(c, env) * v
             out = v if out is None else out + v
         return out
 
     def lip(self, env: Env | None) -> float:
-        return sum(abs(c) * n.lip(env) for c, n in self.parts)
+        return sum(abs(coef_float(c, env)) * n.lip(env) for c, n in self.parts)
 
     def _fmt(self, latex: bool) -> str:
         items = []
         for c, n in self.parts:
             s = n.latex() if latex else n.text()
-            items.append(s if c == 1.0 else f"{c:g}{' ' if latex else '·'}({s})")
+            cs = c.fmt(latex) if isinstance(c, ScalarCoef) else f"{c:g}"
+            items.append(s if _is_one(c) else f"{cs}{' ' if latex else '·'}({s})")
         return " + ".join(items).replace("+ -", "- ")
 
     def text(self) -> str:

@@ -567,9 +567,9 @@ class _Run:
             d = max(float((blocks_t[k][b] - y[b]).norm()) for k in self.compare_names)
             self.samples[b].theorem3_distance = d / max(float(y[b].norm()),
                                                         self.tols.scale_floor)
-        a = comp.alpha_value()
+        a = comp.alpha_value(self.env)
         if comp.L == 2 and a < 1.0:
-            obj = comp.corollary1_objective()
+            obj = comp.corollary1_objective(self.env)
             lab = "minimizer (Corollary 1)"
             done = self.reference in ("auto", "cvxpy") and self.run_cvxpy(obj, lab)
             if not done:

@@ -465,7 +465,7 @@ def inclusion_residuals(comp: DeepComposition, blocks: Mapping[str, torch.Tensor
       ``prox_{g_i} = α prox_{φ_i} + (1-α) id`` (the Moreau identity, μ + λ = 1);
     * gradient form ``||∇g_i(z_i) + z_i - z_{i-1}||`` (the inclusion ``0 ∈ ∂Φ(z̃) + (I - P)z̃``
       read per block; ``∇g_i`` by ``envelope_gradient``, independent of the layer; α < 1)."""
-    a = comp.alpha_value()
+    a = comp.alpha_value(env)
     names = [b.name for b in comp.blocks]
     out: dict[str, dict[str, torch.Tensor]] = {}
     bsz = next(iter(blocks.values())).shape[0]

@@ -171,6 +171,14 @@ class Term:
             c *= s.float(env)
         return c
 
+    def coef_t(self, env: Env | None = None) -> Any:
+        """The coefficient for evaluation: ``coef(env)``, but a tensor that carries the gradient
+        when one of the scalars is learnable (``Scalar.coef_value``)."""
+        c: Any = self.scale
+        for s in self.scalars:
+            c = c * s.coef_value(env)
+        return c
+
     def coef_sign(self) -> int:
         """Sign of the coefficient (scalars are declared positive)."""
         return 1 if self.scale >= 0 else -1
@@ -241,9 +249,9 @@ class Term:
     def value(self, values: Values, env: Env | None = None) -> torch.Tensor:
         """Per-sample value, shape ``(B,)``."""
         us = [a.evaluate(values, env) for a in self.args]
-        c = self.coef(env)
+        c = self.coef_t(env)
         raw = self.raw_value(us, env)
-        return torch.zeros_like(raw) if c == 0 else c * raw
+        return torch.zeros_like(raw) if isinstance(c, float) and c == 0 else c * raw
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
         """``f(u_1, …, u_k)`` per sample, shape ``(B,)``, at the evaluated arguments ``us``."""
@@ -260,7 +268,7 @@ class Term:
             )
         us = [a.evaluate(values, env) for a in self.args]
         gs = self.raw_grad(us, env)
-        c = self.coef(env)
+        c = self.coef_t(env)
         out: dict[str, torch.Tensor] = {}
         for a, g in zip(self.args, gs):
             if g is None:
@@ -315,10 +323,10 @@ class Term:
                 "no closed-form prox", term=str(self),
                 hint="use a gradient step (if smooth) or the forward-backward fallback",
             )
-        c = t * self.coef(env)
-        if c <= 0:
-            raise ScaleError(f"prox needs a positive step·coefficient, got {c:g}", term=str(self))
-        return self.raw_prox(v, c, env)
+        if not t * self.coef(env) > 0:
+            raise ScaleError(f"prox needs a positive step·coefficient, got "
+                             f"{t * self.coef(env):g}", term=str(self))
+        return self.raw_prox(v, t * self.coef_t(env), env)
 
     def raw_prox(self, v: torch.Tensor, t: float, env: Env | None) -> torch.Tensor:
         """``prox_{t f}(v) = argmin_u f(u) + ||u − v||²/(2t)`` in closed form (docs/theory.md,

@@ -13,10 +13,11 @@ from typing import Any
 from convex_eq.certificate import Certificate
 from convex_eq.composition import DeepComposition
 from convex_eq.errors import LoweringError, OptionError
+from convex_eq.symbols import Scalar
 from convex_eq.terms.base import Condition
 
 from ..derived import DerivedLayer
-from ..nodes import Combo, Named, Node, Substitute, Var
+from ..nodes import Coef, Combo, Named, Node, ScalarCoef, Substitute, Var
 from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
 from .base import LowerContext, Match, Payload
 
@@ -62,6 +63,17 @@ def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
     if form not in FORMS:
         raise OptionError(f"unknown deep form {form!r}", term="lower", hint=f"use one of {FORMS}")
     a = comp.alpha_value()
+    # α as read at each evaluation (a Scalar, possibly learnable) or a fixed number
+    if isinstance(comp.alpha, Scalar):
+        ca: Coef = ScalarCoef(comp.alpha)
+        cb: Coef = ScalarCoef(comp.alpha, -1.0, 1.0)
+        a_of = comp.alpha_value
+        a_txt = comp.alpha.name
+    else:
+        ca, cb, a_txt = a, 1.0 - a, f"{a:g}"
+
+        def a_of(env: Any, a: float = a) -> float:
+            return a
     blocks = comp.blocks
     steps: list[Step] = []
     layer_nodes, inners = [], []
@@ -72,10 +84,11 @@ def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
                                 hint="deep OptEq layers are φ_l = ψ_l* − ½||·||² (Theorem 1)")
         inners.append(inner)
         b = blocks[i]
-        f = Combo([(a, inner.nodes[b.name]), (1 - a, Var(b))]) if a != 1.0 else inner.nodes[b.name]
+        fixed_one = isinstance(ca, float) and ca == 1.0
+        f = inner.nodes[b.name] if fixed_one else Combo([(ca, inner.nodes[b.name]), (cb, Var(b))])
         layer_nodes.append(f)
         conds = inner.certificate.conditions if inner.certificate else []
-        steps.append(Step(f"layer {i + 1}: Theorem 1 + skip connection (α = {a:g})",
+        steps.append(Step(f"layer {i + 1}: Theorem 1 + skip connection (α = {a_txt})",
                           "; ".join(c.text for c in conds) or "none",
                           (f"φ_{i + 1}(", b, ") = ", phi), (f"f_{i + 1}(", b, ") = ", f),
                           note=f"f_{i + 1} = prox of α M^{{1-α}}[φ_{i + 1}]"))
@@ -117,14 +130,15 @@ def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
     if form == "composition":
         contraction = Contraction(
             "Π_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\prod_l (\\alpha L_l + 1 - \\alpha)",
-            lambda env, ls=lips, a=a: _prod([a * lc.value(env) + 1 - a for lc in ls]),
+            lambda env, ls=lips: _prod([a_of(env) * lc.value(env) + 1 - a_of(env)
+                                        for lc in ls]),
         )
     else:
         # one application of the multi-block T updates every block from its predecessor, so
         # Lip(T) (stacked Euclidean norm) is the largest layer constant, not their product
         contraction = Contraction(
             "max_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\max_l (\\alpha L_l + 1 - \\alpha)",
-            lambda env, ls=lips, a=a: max(a * lc.value(env) + 1 - a for lc in ls),
+            lambda env, ls=lips: max(a_of(env) * lc.value(env) + 1 - a_of(env) for lc in ls),
         )
     return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes,
                         derivation=Derivation(tuple(steps)), claim=claim,
