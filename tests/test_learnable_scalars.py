@@ -15,7 +15,7 @@ import lowering
 import verify
 from convex_eq.composition import DeepComposition
 from convex_eq.errors import OptionError, ScaleError
-from convex_eq.models import deep_opteq, geq, opteq
+from convex_eq.models import deep_opteq, geq, mopteq, opteq
 from convex_eq.objective import Objective
 from convex_eq.symbols import Scalar
 from convex_eq.terms import L1, SqNorm
@@ -155,3 +155,21 @@ def test_fixed_scalar_still_a_buffer_and_pickle_round_trip() -> None:
     fixed = lowering.lower(_deep(Scalar("alpha", 0.5, low=0.0, low_open=True, high=1.0))
                            ).torch_module(dtype=F64)
     assert "scalar_alpha" in fixed.state_dict() and not list(fixed.scalar_params)
+
+
+def test_mopteq_decorrelation_lambda_learnable() -> None:
+    """λ of MOptEq's decorrelation term (a stationary-point layer: the certificate is
+    "nonconvex" whatever λ is) trains: its gradient matches finite differences."""
+    obj = mopteq()
+    lam = next(s for s in obj.symbols if s.name == "lam")
+    lam.learnable = True
+    module = lowering.lower(obj).torch_module(dtype=F64, tol=1e-12, backward_tol=1e-12)
+    x = torch.randn(3, 8, dtype=F64, generator=torch.Generator().manual_seed(4))
+
+    def loss() -> torch.Tensor:
+        return sum((t ** 2).sum() for t in module(x))
+
+    loss().backward()
+    p = module.scalar_params["lam"]
+    fd = _fd(module, p, loss)
+    assert abs(float(p.grad) - fd) <= 1e-5 * max(1.0, abs(fd))  # as in the α test above

@@ -217,7 +217,7 @@ class ChannelDecorrelation(_PairTerm):
             raise LoweringError("term is not differentiable", term=str(self))
         us = [a.evaluate(values, env) for a in self.args]
         gs = self.raw_grad(us, env)
-        c = self.coef(env)
+        c = self.coef_t(env)
         out: dict[str, torch.Tensor] = {}
         for a, g in zip(self.args, gs):
             for s in a.states():

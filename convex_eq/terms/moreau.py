@@ -72,14 +72,14 @@ class MoreauEnvelope(Term):
         p = self.inner_prox(v, mu, values, env)
         vals = {**values, self.state.name: p}
         fv = self.inner.value_tensor(vals, env)
-        return self.coef(env) * (fv + ((p - v) ** 2).sum(-1) / (2 * mu))
+        return self.coef_t(env) * (fv + ((p - v) ** 2).sum(-1) / (2 * mu))
 
     def grad(self, values: dict, env: Env | None = None) -> dict[str, torch.Tensor]:
         """``∇(coef·M_f^μ)(v) = coef·(v − prox_{μf}(v))/μ``."""
         mu = self.mu_value(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
-        return {self.state.name: self.coef(env) * (v - p) / mu}
+        return {self.state.name: self.coef_t(env) * (v - p) / mu}
 
     def grad_lipschitz(self, env: Env | None = None) -> float:
         """``1/μ`` for a convex ``φ``; for ``φ = g + (a/2)||·||²`` with ``g`` convex and ``a < 0``
