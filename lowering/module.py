@@ -34,7 +34,7 @@ from convex_eq.symbols import Symbol
 from ._compile import compile_disabled
 from .backward import AdjointConfig, FixedPointProblem, get_backward
 from .config import ModuleConfig, build_config
-from .nodes import broadcast_batch
+from .nodes import broadcast_batch, partial_evaluation
 from .sam import sam_iterate
 from .scalars import LearnableScalar, check_learnable
 from .solvers import SolverStats, Tracker, get_solver
@@ -445,7 +445,7 @@ class EquilibriumModule(nn.Module):
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
                ) -> tuple[torch.Tensor, SolverStats]:
         """The forward solve (eager: data-dependent loops are not traced by torch.compile)."""
-        with torch.no_grad():
+        with torch.no_grad(), partial_evaluation():
             if self.sam is not None:
                 return sam_iterate(self, f, z0, inputs, env)
             fc = self.config.forward

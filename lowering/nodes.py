@@ -7,17 +7,61 @@ A node evaluates on ``Z`` (dict block name → flat batched tensor, plus the inp
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
+from convex_eq.affine import Affine
 from convex_eq.symbols import Env, Symbol
 from convex_eq.terms.base import Term
 from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import act_latex as _sig
 
 Z_t = Mapping[str, torch.Tensor]
+
+#: active during a forward solve (``partial_evaluation()``): the parts of the terms' affine
+#: arguments that do not depend on the state (input injections ``U x + b``), computed once
+_PARTIAL: ContextVar[dict[int, tuple[Affine | None, torch.Tensor | None]] | None] = \
+    ContextVar("convex_eq_partial_evaluation", default=None)
+
+
+@contextmanager
+def partial_evaluation() -> Iterator[None]:
+    """Within the block, ``T`` computes the state-independent parts of its arguments (e.g. the
+    injection ``U x + b``) once instead of at every evaluation.  Only for repeated evaluations
+    with the same inputs and weights and without autograd (a forward solve): the cached parts
+    carry no gradient."""
+    tok = _PARTIAL.set({})
+    try:
+        yield
+    finally:
+        _PARTIAL.reset(tok)
+
+
+def eval_arg(a: Affine, vals: Z_t, env: Env | None) -> torch.Tensor:
+    """``a`` at ``vals``; inside :func:`partial_evaluation` its state-free part is computed once."""
+    cache = _PARTIAL.get()
+    if cache is None:
+        return a.evaluate(vals, env)
+    hit = cache.get(id(a))
+    if hit is None:
+        st = [e for e in a.entries if e.symbol.kind == "state"]
+        rest = [e for e in a.entries if e.symbol.kind != "state"]
+        if not rest:
+            hit = (a, None)
+        elif not st:
+            hit = (None, a.evaluate(vals, env))
+        else:
+            hit = (Affine(st), Affine(rest).evaluate(vals, env))
+        cache[id(a)] = hit
+    part, const = hit
+    if part is None:
+        return const  # type: ignore[return-value]
+    v = part.evaluate(vals, env)
+    return v if const is None else v + const
 
 
 class Node:
@@ -149,7 +193,7 @@ class GradSum(Node):
             # multiplication at all when it is 1, e.g. -(-<q,z>) and -(-½||Wz||²))
             if c is None:
                 c = self.sign * t.coef_t(env)
-            gs = t.raw_grad([a.evaluate(vals, env) for a in t.args], env)
+            gs = t.raw_grad([eval_arg(a, vals, env) for a in t.args], env)
             for k in idx:
                 if gs[k] is None:
                     continue
