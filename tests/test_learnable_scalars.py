@@ -19,6 +19,7 @@ from convex_eq.models import deep_opteq, geq, mopteq, opteq
 from convex_eq.objective import Objective
 from convex_eq.symbols import Scalar
 from convex_eq.terms import L1, SqNorm
+from convex_eq.terms.moreau import MoreauEnvelope
 from lowering.scalars import PARAMETRIZATIONS, LearnableScalar
 
 F64 = torch.float64
@@ -171,5 +172,24 @@ def test_mopteq_decorrelation_lambda_learnable() -> None:
 
     loss().backward()
     p = module.scalar_params["lam"]
+    fd = _fd(module, p, loss)
+    assert abs(float(p.grad) - fd) <= 1e-5 * max(1.0, abs(fd))  # as in the α test above
+
+
+def test_moreau_envelope_mu_learnable() -> None:
+    """μ of a Moreau envelope (M^μ[‖·‖₁], the Huber smoothing) added to OptEq: the certificate
+    (‖W‖₂ ≤ 1) does not depend on μ, the gradient matches finite differences."""
+    base = opteq(n=6, m=6, d=3)
+    z = base.states[0]
+    mu = Scalar("mu", 0.5, low=0.0, low_open=True, learnable=True)
+    module = lowering.lower(Objective([*base.terms, MoreauEnvelope(L1(z), mu) * 0.3])
+                            ).torch_module(dtype=F64, tol=1e-12, backward_tol=1e-12)
+    x = torch.randn(4, 3, dtype=F64, generator=torch.Generator().manual_seed(5))
+
+    def loss() -> torch.Tensor:
+        return (module(x) ** 2).sum()
+
+    loss().backward()
+    p = module.scalar_params["mu"]
     fd = _fd(module, p, loss)
     assert abs(float(p.grad) - fd) <= 1e-5 * max(1.0, abs(fd))  # as in the α test above

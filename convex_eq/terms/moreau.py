@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ScaleError, ShapeError
 from ..export import ExportContext
-from ..symbols import Env, Scalar, State, Symbol, scalar_value
+from ..symbols import Env, Scalar, State, Symbol, scalar_coef, scalar_value
 from .base import Curvature, Term
 
 _ids = itertools.count()
@@ -52,6 +52,12 @@ class MoreauEnvelope(Term):
             raise ScaleError(f"μ = {mu} must be finite and > 0", term=str(self))
         return mu
 
+    def mu_t(self, env: Env | None = None) -> Any:
+        """``μ`` for evaluation: checked like :meth:`mu_value`, a tensor carrying the gradient
+        when ``μ`` is a learnable scalar (``Scalar.coef_value``)."""
+        self.mu_value(env)
+        return scalar_coef(self.mu, env)
+
     def symbols(self) -> list[Symbol]:
         """The inner objective's symbols and ``μ`` when it is a ``Scalar``."""
         out = list(self.inner.symbols)
@@ -67,7 +73,7 @@ class MoreauEnvelope(Term):
 
     def value(self, values: dict, env: Env | None = None) -> torch.Tensor:  # type: ignore[override]
         """``coef·M_f^μ(v) = coef·(f(p) + ||p − v||²/(2μ))`` with ``p = prox_{μf}(v)``."""
-        mu = self.mu_value(env)
+        mu = self.mu_t(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
         vals = {**values, self.state.name: p}
@@ -76,7 +82,7 @@ class MoreauEnvelope(Term):
 
     def grad(self, values: dict, env: Env | None = None) -> dict[str, torch.Tensor]:
         """``∇(coef·M_f^μ)(v) = coef·(v − prox_{μf}(v))/μ``."""
-        mu = self.mu_value(env)
+        mu = self.mu_t(env)
         v = values[self.state.name]
         p = self.inner_prox(v, mu, values, env)
         return {self.state.name: self.coef_t(env) * (v - p) / mu}
@@ -104,10 +110,10 @@ class MoreauEnvelope(Term):
     def prox(self, v: torch.Tensor, t: float = 1.0, env: Env | None = None,
              values: dict | None = None) -> torch.Tensor:
         """``prox_{λ M_f^μ}(x) = x + λ/(μ+λ)(prox_{(μ+λ)f}(x) - x)``, ``λ = t·coef``."""
-        lam = t * self.coef(env)
-        if lam <= 0:
+        if not t * self.coef(env) > 0:
             raise ScaleError("prox needs a positive coefficient", term=str(self))
-        mu = self.mu_value(env)
+        lam = t * self.coef_t(env)
+        mu = self.mu_t(env)
         return v + lam / (mu + lam) * (self.inner_prox(v, mu + lam, values or {}, env) - v)
 
     # ---------------------------------------------------------------- structure
