@@ -213,6 +213,7 @@ class EquilibriumModule(nn.Module):
         """Pickle support: a derived layer that cannot be pickled (closures in its contraction
         estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
         state = self.__dict__.copy()
+        state.pop("_step_c", None)  # a compiled step is rebuilt on demand
         try:
             import pickle
 
@@ -255,6 +256,7 @@ class EquilibriumModule(nn.Module):
             env = self._raw_env()
             return {n: float(env[n]) for n in [*self._scalar_names, *self._scalar_maps]}
 
+    @compile_disabled
     def env(self) -> dict[str, torch.Tensor]:
         """Name → tensor for weights (after weight control), constants and scalars.
 
@@ -358,17 +360,7 @@ class EquilibriumModule(nn.Module):
                        torch.zeros((), dtype=out_dtype))
         dt = torch.float32 if out_dtype in HALF else out_dtype
         z0 = self._initial(z0, b, dt, ref.device)
-        # samples with NaN/Inf inputs are named; in mask mode they are left out of the solve
-        bad_in = torch.zeros(b, dtype=torch.bool, device=ref.device)
-        for name, t in inputs.items():
-            bad = ~torch.isfinite(t).all(dim=1)
-            if bool(bad.any()):
-                if self.on_nonconvergence != "mask":
-                    raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
-                                         f"{_indices(bad)}", term="forward",
-                                         hint="clean those samples, or pass "
-                                         "on_nonconvergence='mask' to drop them from the batch")
-                bad_in |= bad
+        bad_in = self._nonfinite_inputs(inputs, b, ref.device)
         keep = ~bad_in
         if bool(bad_in.any()):
             warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
@@ -390,7 +382,12 @@ class EquilibriumModule(nn.Module):
         if self.backward == "unroll":
             z_star, stats = self._unroll(f, z0)
         else:
-            z_star, stats = self._solve(f, z0, inputs, env)
+            if torch.compiler.is_compiling():  # under torch.compile: compile the step T
+                step = self._compiled_step()
+                z_star, stats = self._solve(
+                    lambda z: step(z, tensors, keys_in, keys_env), z0, inputs, env)
+            else:
+                z_star, stats = self._solve(f, z0, inputs, env)
         ok = self._judge(stats, bad_in)
         if bool(ok.all()):
             z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0)
@@ -412,6 +409,23 @@ class EquilibriumModule(nn.Module):
         self.last_stats = stats
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
+
+    @compile_disabled
+    def _nonfinite_inputs(self, inputs: dict[str, torch.Tensor], b: int,
+                          device: torch.device) -> torch.Tensor:
+        """Samples with NaN/Inf inputs: named in a ``NonFiniteError``, or (mask mode) returned
+        to be left out of the solve."""
+        bad_in = torch.zeros(b, dtype=torch.bool, device=device)
+        for name, t in inputs.items():
+            bad = ~torch.isfinite(t).all(dim=1)
+            if bool(bad.any()):
+                if self.on_nonconvergence != "mask":
+                    raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
+                                         f"{_indices(bad)}", term="forward",
+                                         hint="clean those samples, or pass "
+                                         "on_nonconvergence='mask' to drop them from the batch")
+                bad_in |= bad
+        return bad_in
 
     def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
         if z0 is None:
@@ -440,6 +454,18 @@ class EquilibriumModule(nn.Module):
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
+
+    def _flat_T(self, z: torch.Tensor, ts: list[torch.Tensor], keys_in: list[str],
+                keys_env: list[str]) -> torch.Tensor:
+        n = len(keys_in)
+        return self.T(z, dict(zip(keys_in, ts[:n])), dict(zip(keys_env, ts[n:])))
+
+    def _compiled_step(self) -> Any:
+        """``T`` compiled once per module: under ``torch.compile(module)`` the step is compiled
+        and the data-dependent solver loop runs eager around it (docs/guide.md)."""
+        if self.__dict__.get("_step_c") is None:
+            self.__dict__["_step_c"] = torch.compile(self._flat_T, dynamic=False)
+        return self.__dict__["_step_c"]
 
     @compile_disabled
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
