@@ -25,7 +25,9 @@ from torch import nn
 
 from convex_eq.errors import OptionError
 
+from .perturbation import Cascade
 from .solvers import SolverStats
+from .weight_control import norm_conditions
 
 POOLS = ("max", "avg", "none")
 
@@ -48,11 +50,9 @@ class TrainingSettings:
     backward: str = "implicit"
 
     def module_options(self, derived: Any) -> dict[str, Any]:
-        """Keyword options of ``derived.torch_module`` (weight control on when the certificate
-        is conditional on weight norms, or when ``weight_bounds`` names weights)."""
-        cert = derived.certificate
-        certified = cert is not None and cert.kind == "conditional"
-        wc = "spectral_norm" if certified or self.weight_bounds else None
+        """Keyword options of ``derived.torch_module`` (spectral-norm weight control when the
+        certificate has ``||A||₂ ≤ bound`` conditions or ``weight_bounds`` names weights)."""
+        wc = "spectral_norm" if norm_conditions(derived) or self.weight_bounds else None
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
                 "backward": self.backward,
                 "backward_max_iter": self.backward_factor * self.max_iter,
@@ -140,13 +140,23 @@ class EquilibriumClassifier(nn.Module):
     ``derived``: a :class:`~lowering.derived.DerivedLayer` (``lowering.lower(objective)``);
     ``settings``: the module options (:class:`TrainingSettings`); ``pool``: ``"max"``,
     ``"avg"`` or ``"none"`` (flatten); ``pooled``: positions kept per spatial axis (never more
-    than the axis has: 1-row states work); ``classes``: output size."""
+    than the axis has: 1-row states work); ``classes``: output size.  A layer with one input
+    per branch reads the same ``x`` in every branch, or, in training mode with ``cascade``
+    (:func:`lowering.perturbation.cascade`), the perturbation-enhanced inputs
+    ``x - δ_{i-1}``."""
 
     def __init__(self, derived: Any, settings: TrainingSettings | None = None, *,
-                 pool: str = "max", pooled: int = 4, classes: int = 10):
+                 pool: str = "max", pooled: int = 4, classes: int = 10,
+                 cascade: Cascade | None = None):
         super().__init__()
         self.settings = settings or TrainingSettings()
         self.eq = derived.torch_module(**self.settings.module_options(derived))
+        self.input_names = [s.name for s in derived.inputs]
+        if cascade is not None and cascade.branches != self.input_names:
+            raise OptionError(f"the cascade's branches {cascade.branches} are not the layer's "
+                              f"inputs {self.input_names}", term="EquilibriumClassifier",
+                              hint="build the cascade from the same objective")
+        self.cascade = cascade
         pools, width = [], 0
         for b in derived.blocks:
             p, k = _pool(pool, tuple(b.shape), pooled)
@@ -157,8 +167,22 @@ class EquilibriumClassifier(nn.Module):
         self.features_dim = width
 
     def features(self, x: torch.Tensor) -> Any:
-        """The equilibrium ``z*(x)`` (a tensor, or a tuple of blocks)."""
-        return self.eq(x)
+        """The equilibrium ``z*(x)`` (a tensor, or a tuple of blocks) of the shared input."""
+        return self.eq(self._shared(x))
+
+    def _shared(self, x: torch.Tensor) -> Any:
+        return x if len(self.input_names) == 1 else {n: x for n in self.input_names}
+
+    def _equilibrium(self, x: torch.Tensor) -> Any:
+        if self.cascade is None or not self.training:
+            return self.eq(self._shared(x))
+        with torch.no_grad():
+            z = self.eq(self._shared(x))
+            blocks = z if isinstance(z, tuple) else (z,)
+            states = {b.name: t.reshape(t.shape[0], -1)
+                      for b, t in zip(self.eq.blocks, blocks)}
+            inputs = self.cascade.inputs(x, states, self.eq.env())
+        return self.eq(inputs)
 
     def pooled_features(self, z: Any) -> torch.Tensor:
         """``[P(z_1); …; P(z_k)]`` of an equilibrium (one row per sample)."""
@@ -167,7 +191,7 @@ class EquilibriumClassifier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.settings.dtype)
-        return self.fc(self.pooled_features(self.eq(x)))
+        return self.fc(self.pooled_features(self._equilibrium(x)))
 
     def solver_stats(self) -> StepStats:
         """Forward and backward solver statistics of the last forward / backward pass."""
