@@ -73,14 +73,24 @@ class Skew(LinOp):
 
 class MonotoneMatrix(LinOp):
     """``I − W = mI + AᵀA − (B − Bᵀ)`` with ``W = (1 − m)I − AᵀA + B − Bᵀ`` (MON's
-    parametrisation): ``½((I − W) + (I − W)ᵀ) = mI + AᵀA ⪰ mI`` for every ``A, B``."""
+    parametrisation): ``½((I − W) + (I − W)ᵀ) = mI + AᵀA ⪰ mI`` for every ``A, B``.
+
+    ``A`` (``k×n``) and ``B`` (``n×n``) are weights/arrays (dense) or linear operators of the
+    state (e.g. convolutions ``Conv2d``/``Conv1d`` mapping the feature map to itself)."""
 
     def __init__(self, A: Any, B: Any, margin: float, *, name: str | None = None) -> None:
-        self.A, self.B = as_symbol(A), as_symbol(B)
-        n = _square(self.B, "MonotoneMatrix")
-        if len(self.A.shape) != 2 or self.A.shape[1] != n:
-            raise ShapeError(f"A must have shape (k, {n}) to match B {self.B.shape}, "
-                             f"'{self.A.name}' has shape {self.A.shape}", term=self.A.name,
+        from .dense import Dense
+
+        self.A = A if isinstance(A, LinOp) else Dense(A)
+        self.B = B if isinstance(B, LinOp) else Dense(B)
+        n = self.B.in_size
+        if self.B.out_size != n:
+            raise ShapeError(f"B must map the state to itself, {self.B} maps {n} → "
+                             f"{self.B.out_size}", term=str(self.B),
+                             hint="declare B with shape (n, n)")
+        if self.A.in_size != n:
+            raise ShapeError(f"A must act on the state ({n} entries), {self.A} takes "
+                             f"{self.A.in_size}", term=str(self.A),
                              hint=f"declare A with shape (k, {n})")
         margin = float(margin)
         if not np.isfinite(margin) or margin <= 0:
@@ -89,49 +99,30 @@ class MonotoneMatrix(LinOp):
                              hint="m > 0 makes the inclusion strongly monotone (e.g. m = 0.5)")
         self.margin = margin
         self.in_size = self.out_size = n
-        self.in_shape = self.out_shape = (n,)
-        a, b = self.A.name, self.B.name
+        self.in_shape = self.out_shape = getattr(self.B, "in_shape", (n,))
+        a, b = self.A, self.B
         super().__init__(f"({margin:g}I + {a}ᵀ{a} − ({b} − {b}ᵀ))", name)
 
-    def dense(self, like: torch.Tensor, env: Env | None = None) -> torch.Tensor:
-        """The matrix ``mI + AᵀA − (B − Bᵀ)`` as a tensor like ``like`` (differentiable)."""
-        a = resolve_weight(self.A, env, like, self)
-        b = resolve_weight(self.B, env, like, self)
-        eye = torch.eye(self.in_size, dtype=a.dtype, device=a.device)
-        return self.margin * eye + a.T @ a - (b - b.T)
-
     def W(self, env: Env | None = None) -> torch.Tensor:
-        """``W = (1 − m)I − AᵀA + B − Bᵀ`` (float64), the weight of ``z = σ(Wz + Ux + b)``."""
-        m = self.dense(torch.empty((), dtype=torch.float64), env)
-        return torch.eye(self.in_size, dtype=torch.float64) - m
+        """``W = (1 − m)I − AᵀA + B − Bᵀ`` (float64, dense), the weight of
+        ``z = σ(Wz + Ux + b)``."""
+        return torch.eye(self.in_size, dtype=torch.float64) - torch.as_tensor(self.matrix(env))
 
     def apply(self, v: torch.Tensor, env: Env | None = None) -> torch.Tensor:
-        """``m v + Aᵀ(A v) − (B − Bᵀ) v``."""
+        """``m v + Aᵀ(A v) − (B v − Bᵀ v)``."""
         v = self.check_input(v)
-        a = resolve_weight(self.A, env, v, self)
-        b = resolve_weight(self.B, env, v, self)
-        return self.margin * v + (v @ a.T) @ a - (v @ b.T - v @ b)
+        return (self.margin * v + self.A.adjoint(self.A.apply(v, env), env)
+                - (self.B.apply(v, env) - self.B.adjoint(v, env)))
 
     def adjoint(self, w: torch.Tensor, env: Env | None = None) -> torch.Tensor:
-        """``m w + Aᵀ(A w) + (B − Bᵀ) w``."""
+        """``m w + Aᵀ(A w) + (B w − Bᵀ w)``."""
         w = self.check_input(w, adjoint=True)
-        a = resolve_weight(self.A, env, w, self)
-        b = resolve_weight(self.B, env, w, self)
-        return self.margin * w + (w @ a.T) @ a + (w @ b.T - w @ b)
-
-    def matrix(self, env: Env | None = None) -> np.ndarray:
-        """The dense float64 matrix."""
-        t = self.dense(torch.empty((), dtype=torch.float64), env)
-        return _finite(t.detach().cpu().numpy().copy(), str(self))
-
-    def norm(self, env: Env | None = None, iters: int = 200, tol: float = 1e-10,
-             seed: int = 0) -> float:
-        """``||mI + AᵀA − (B − Bᵀ)||₂`` (exact, dense SVD)."""
-        return float(np.linalg.norm(self.matrix(env), 2))
+        return (self.margin * w + self.A.adjoint(self.A.apply(w, env), env)
+                + (self.B.apply(w, env) - self.B.adjoint(w, env)))
 
     def symbols(self) -> list[Symbol]:
-        """``[A, B]``."""
-        return unique_symbols([[self.A], [self.B]])
+        """The symbols of ``A`` then ``B``."""
+        return unique_symbols([self.A.symbols(), self.B.symbols()])
 
     def _latex(self) -> str:
         a, b = self.A.latex(), self.B.latex()
@@ -172,7 +163,7 @@ def _skew_margin(op: Any, env: Env | None) -> Margin:
 @register_margin("MonotoneMatrix")
 def _mon_margin(op: Any, env: Env | None) -> Margin:
     return Margin(op.margin, True, f"symmetric part mI + AᵀA ⪰ mI with m = {op.margin:g} for "
-                  f"every {op.A.name}, {op.B.name}")
+                  f"every {op.A}, {op.B}")
 
 
 @register_margin("Identity")

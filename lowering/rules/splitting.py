@@ -31,7 +31,7 @@ from convex_eq.inclusion import Inclusion, MonotonicityCertificate, Saddle, sadd
 from convex_eq.symbols import Env
 
 from ..derived import DerivedLayer
-from ..nodes import Node, Z_t
+from ..nodes import Node, Var, Z_t
 from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
 from .base import LowerContext, Match, Payload
 from .common import no_prox
@@ -363,9 +363,9 @@ class ForwardBackwardSplitting:
             f"z − αF(z) is a contraction for α ∈ (0, 2m/L²): ||I − αM||² ≤ 1 − 2αm + α²L²; "
             f"α = m/L² (= {a:.4g} now, re-derived from the weights at every forward) gives "
             f"factor √(1 − m²/L²) = {fb_factor(mm, lip):.4g}; prox_{{αg}} is nonexpansive",
-            ("0 ∈ F(z) + ∂g(z) ⇔ z − αF(z) ∈ z + α∂g(z) ⇔ ", inc.z, " = ",
+            ("0 ∈ F(z) + ∂g(z) ⇔ z − αF(z) ∈ z + α∂g(z) ⇔ ", Var(inc.z), " = ",
              "prox_{αg}(z − αF(z))"),
-            (inc.z, " ← ", node),
+            (Var(inc.z), " ← ", node),
             note="fixed points are exactly the solutions of the inclusion"))
         contraction = Contraction("√(1 − m²/L²), α = m/L²", "\\sqrt{1 - m^2/L^2}",
                                   lambda env, c=consts: fb_factor(*c(env)))
@@ -412,9 +412,9 @@ class ResolventSplitting:
             "2R_F − I has ||(I − αM)(I + αM)⁻¹||² ≤ 1 − 4αm/(1 + 2αm + α²L²) for every α > 0 "
             f"and 2prox − I is nonexpansive; α = 1/L (= {a:.4g} now, re-derived from the "
             f"weights at every forward): {factor}",
-            ("0 ∈ F(z) + ∂g(z) ⇔ ", u, " = z + αξ, ξ ∈ ∂g(z), z = (I + αM)⁻¹(2z − ", u,
-             " + αq)"),
-            (u, " ← ", node, ";  output z = ", out),
+            ("0 ∈ F(z) + ∂g(z) ⇔ ", Var(u), " = z + αξ, ξ ∈ ∂g(z), z = (I + αM)⁻¹(2z − ",
+             Var(u), " + αq)"),
+            (Var(u), " ← ", node, ";  output z = ", out),
             note="at a fixed point u*, z = prox_{αg}(u*) solves the inclusion"))
         factor_fn = ((lambda env, cs=consts: pr_factor(*cs(env), pr_step(*cs(env))))
                      if relax == 2.0 else
@@ -455,7 +455,7 @@ class ChambollePock:
             min(mu_g, mu_h), knorm + max(mu_g, mu_h), True,
             f"G is {mu_g:g}-strongly convex, H is {mu_h:g}-strongly convex; the coupling "
             "[Kᵀw; −Kz] is skew", tuple(s.name for s in sad.K.symbols() if s.kind == "weight"))
-        z, w = sad.z, sad.w
+        z, w = Var(sad.z), Var(sad.w)
         steps = (
             Step("saddle optimality system",
                  "L convex in z, concave in w: (z, w) is a saddle point ⇔ the monotone inclusion "
@@ -477,7 +477,8 @@ class ChambollePock:
                       f"\\text{{{what.split(' (')[0]} of }} {sad.latex()}", objective_text=str(sad))
         contraction = Contraction("1 (averaged in the Chambolle–Pock metric)", "1",
                                   lambda env: 1.0)
-        return DerivedLayer(source=sad, blocks=[z, w], nodes={z.name: nz, w.name: nw},
+        return DerivedLayer(source=sad, blocks=[sad.z, sad.w], nodes={sad.z.name: nz,
+                                                                      sad.w.name: nw},
                             derivation=Derivation(steps), claim=claim, contraction=contraction,
                             certificate=cert, payload=SaddlePayload(sad, (mu_g, mu_h)))
 
