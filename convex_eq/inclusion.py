@@ -353,7 +353,8 @@ class Saddle:
         for part, terms in (("G", self.G_terms), ("H", self.H_terms)):
             for t in terms:
                 cur = t.curvature()
-                if cur.kind not in ("convex", "affine") or cur.conditions or t.coef(None) < 0:
+                convex = cur.kind == "affine" or (cur.kind == "convex" and t.coef(None) >= 0)
+                if not convex or cur.conditions:
                     raise CurvatureError(f"{part} must be convex for every weight: '{t}' is "
                                          f"{cur.kind}" + (" under conditions" if cur.conditions
                                                           else ""), term=str(t),

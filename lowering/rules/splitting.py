@@ -460,7 +460,7 @@ class ChambollePock:
             Step("saddle optimality system",
                  "L convex in z, concave in w: (z, w) is a saddle point ⇔ the monotone inclusion "
                  "0 ∈ [Kᵀw; −Kz − c] + [∂G(z); ∂H(w)] (skew linear part)",
-                 ("min_z max_w ", sad),
+                 ("", sad),
                  ("0 ∈ ∂G(", z, ") + Kᵀ", w, ",  0 ∈ ∂H(", w, ") − K", z, " − c")),
             Step("primal–dual (Chambolle–Pock)",
                  f"τ = σ = 0.9/||K||₂ (= {0.9 / knorm if knorm > 0 else 1.0:.4g} now, "
