@@ -143,10 +143,9 @@ def fit(model: nn.Module, data: Dataset, cfg: TrainConfig, name: str, progress: 
         accuracy(model, data.x_test, data.y_test, cfg.eval_batch)
     if eq is not None:
         res.nonconvergence = (fwd_capped, bwd_capped)
-        with torch.no_grad(), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model.eval()
-            _, st = eq.eq(data.x_test[: cfg.eval_batch].to(eq.settings.dtype), return_stats=True)
+            st = eq.measure(data.x_test[: cfg.eval_batch])
         res.mean_iterations = float(st.iterations.double().mean())
         res.final_residual = st.max_residual
     return res
@@ -154,10 +153,14 @@ def fit(model: nn.Module, data: Dataset, cfg: TrainConfig, name: str, progress: 
 
 def verify_layer(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
     """Worst verification gap of the trained layer on ``k`` inputs against its docs/theory.md §9
-    reference (CVXPY or the local reference): relative state error and the verdict."""
+    reference (CVXPY or the local reference): relative state error and the verdict (the model
+    is moved to the CPU)."""
     from verify.check import check
 
-    rep = check(model.eq.cpu(), x[:k].detach().cpu().double())
+    model.cpu()
+    inp = model.layer_inputs(x[:k].detach().cpu())
+    inp = {n: t.double() for n, t in inp.items()} if isinstance(inp, dict) else inp.double()
+    rep = check(model.eq, inp)
     errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]
     verdict = "pass" if rep.passed else f"FAIL: {'; '.join(rep.failures)[:90]}"
     return f"{max(errs):.1e} ({rep.reference.kind}: {rep.label}, {verdict})"

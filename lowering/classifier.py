@@ -143,12 +143,14 @@ class EquilibriumClassifier(nn.Module):
     than the axis has: 1-row states work); ``classes``: output size.  A layer with one input
     per branch reads the same ``x`` in every branch, or, in training mode with ``cascade``
     (:func:`lowering.perturbation.cascade`), the perturbation-enhanced inputs
-    ``x - δ_{i-1}``."""
+    ``x - δ_{i-1}``.  ``input_shape``: reshape each sample to it first (e.g. a ``(C, L)``
+    signal read by a layer declared on ``(C, 1, L)`` images)."""
 
     def __init__(self, derived: Any, settings: TrainingSettings | None = None, *,
                  pool: str = "max", pooled: int = 4, classes: int = 10,
-                 cascade: Cascade | None = None):
+                 cascade: Cascade | None = None, input_shape: tuple[int, ...] | None = None):
         super().__init__()
+        self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.settings = settings or TrainingSettings()
         self.eq = derived.torch_module(**self.settings.module_options(derived))
         self.input_names = [s.name for s in derived.inputs]
@@ -166,12 +168,29 @@ class EquilibriumClassifier(nn.Module):
         self.fc = nn.Linear(width, classes, dtype=self.settings.dtype)
         self.features_dim = width
 
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's input: ``x`` in the module's dtype, reshaped to ``input_shape``."""
+        x = x.to(self.settings.dtype)
+        return x if self.input_shape is None else x.reshape(x.shape[0], *self.input_shape)
+
     def features(self, x: torch.Tensor) -> Any:
         """The equilibrium ``z*(x)`` (a tensor, or a tuple of blocks) of the shared input."""
-        return self.eq(self._shared(x))
+        return self.eq(self._shared(self.prepare(x)))
+
+    def measure(self, x: torch.Tensor) -> SolverStats:
+        """Forward solver statistics on ``x`` (evaluation mode, no gradient)."""
+        self.eval()
+        with torch.no_grad():
+            _, st = self.eq(self._shared(self.prepare(x)), return_stats=True)
+        return st
 
     def _shared(self, x: torch.Tensor) -> Any:
         return x if len(self.input_names) == 1 else {n: x for n in self.input_names}
+
+    def layer_inputs(self, x: torch.Tensor) -> Any:
+        """What the equilibrium layer reads for ``x`` (clean): the prepared tensor, or a dict
+        giving it to every branch input."""
+        return self._shared(self.prepare(x))
 
     def _equilibrium(self, x: torch.Tensor) -> Any:
         if self.cascade is None or not self.training:
@@ -190,8 +209,7 @@ class EquilibriumClassifier(nn.Module):
         return torch.cat([p(b) for p, b in zip(self.pools, blocks)], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.settings.dtype)
-        return self.fc(self.pooled_features(self._equilibrium(x)))
+        return self.fc(self.pooled_features(self._equilibrium(self.prepare(x))))
 
     def solver_stats(self) -> StepStats:
         """Forward and backward solver statistics of the last forward / backward pass."""
