@@ -62,11 +62,54 @@ class Block:
 
 @dataclass
 class Dual:
-    """State ``z = s Mᵀ y`` lifted to the dual block ``y`` (``M``: m × n)."""
+    """State ``z = s Mᵀ y`` lifted to the dual block ``y`` (``M``: m × n); ``act`` and ``q``
+    (evaluated at the sample, None when absent or not a function of the inputs alone) define
+    the inner problem of ``ψ*`` that determines ``y`` from ``z`` (:meth:`argmin`)."""
 
     block: str
     M: np.ndarray
     s: float
+    act: Any = None
+    q: np.ndarray | None = None
+    q_known: bool = True
+
+    def argmin(self, z: np.ndarray) -> np.ndarray | None:
+        """``y(z) = argmin{Σσ̃*(y) − <q, y> : Mᵀy = z/s}``, unique (``σ̃*`` strictly convex), by
+        its Fenchel dual: ``y = σ(Mv + q)`` with ``v`` minimizing the smooth convex
+        ``Σσ̃(Mv + q) − <v, z/s>`` (Newton from ``v = z``, exact at a fixed point
+        ``z = sMᵀσ(Mz + q)``); any ``v`` with ``Mᵀσ(Mv + q) = z/s`` makes ``σ(Mv + q)`` a KKT
+        point, so the result is accepted only at constraint residual ≤ 1e-12·max(1, ||z/s||).
+        None when no such ``v`` is found (``z`` outside ``dom ψ*``, or ``q`` unknown)."""
+        if self.act is None or not self.q_known:
+            return None
+        m = torch.as_tensor(self.M, dtype=T64)
+        q = torch.zeros(m.shape[0], dtype=T64) if self.q is None else torch.as_tensor(self.q)
+        t = torch.as_tensor(np.asarray(z, dtype=np.float64).reshape(-1) / self.s)
+        tol = 1e-12 * max(1.0, float(t.norm()))
+        v = t * self.s
+
+        def dual(v: torch.Tensor) -> float:
+            return float(self.act.antiderivative(m @ v + q).sum() - v @ t)
+
+        with torch.no_grad():
+            for _ in range(100):
+                u = m @ v + q
+                g = m.T @ self.act.sigma(u) - t
+                if not bool(torch.isfinite(g).all()):
+                    return None
+                if float(g.norm()) <= tol:
+                    break
+                h = m.T @ (self.act.sigma_prime(u)[:, None] * m)
+                step = torch.linalg.lstsq(h + 1e-14 * torch.eye(h.shape[0], dtype=T64),
+                                          g[:, None]).solution[:, 0]
+                f0, a = dual(v), 1.0
+                while a > 1e-12 and not dual(v - a * step) <= f0 - 1e-4 * a * float(g @ step):
+                    a *= 0.5
+                v = v - a * step
+            y = self.act.sigma(m @ v + q)
+            if not float((m.T @ y - t).norm()) <= tol * 10:
+                return None
+        return y.numpy().copy()
 
 
 @dataclass
@@ -239,15 +282,20 @@ class LiftedProblem:
 
     def lift_point(self, z: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """A free vector ``v`` with the given top-level states (None if it is not determined
-        by them: auxiliary envelope blocks, or a dual ``y`` with ``Mᵀ`` not injective)."""
+        by them: auxiliary envelope blocks; a dual ``y`` with ``Mᵀ`` not injective is the
+        inner argmin of ``ψ*`` at the state, :meth:`Dual.argmin`)."""
         v = np.zeros(self.n)
         for b in self.blocks:
             if b.origin == "state" and b.of in z:
                 v[b.sl] = np.asarray(z[b.of], dtype=np.float64).reshape(-1)
             elif b.origin == "dual" and b.of in z:
                 d = self.duals[b.of]
-                if np.linalg.matrix_rank(d.M) < d.M.shape[0]:
-                    return None
+                if np.linalg.matrix_rank(d.M) < d.M.shape[0]:  # y not linear in z
+                    y = d.argmin(np.asarray(z[b.of], dtype=np.float64))
+                    if y is None:
+                        return None
+                    v[b.sl] = y
+                    continue
                 target = np.asarray(z[b.of], dtype=np.float64).reshape(-1) / d.s
                 y, *_ = np.linalg.lstsq(d.M.T, target, rcond=None)
                 if np.linalg.norm(d.M.T @ y - target) > 1e-9 * max(1.0, np.linalg.norm(target)):
@@ -405,7 +453,12 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
             blk = p.add_block(f"{name}__y", m.shape[0], lo, hi, "dual", name)
             mt = torch.as_tensor(m, dtype=T64)
             p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
-            p.duals[name] = Dual(blk.name, m, c.s)
+            try:  # q at this sample (inputs and weights only), for Dual.argmin
+                qv = None if c.q is None else c.q.evaluate(dict(inputs), env).to(T64)
+                qn, known = (None if qv is None else qv.reshape(-1).numpy().copy()), True
+            except (ConvexEqError, KeyError):
+                qn, known = None, False
+            p.duals[name] = Dual(blk.name, m, c.s, c.act, qn, known)
             continue
         if not alias and _substitute(p, obj, s, name, inputs, env):
             continue
@@ -638,6 +691,24 @@ def fd_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return 0.5 * (h + h.T)
 
 
+def exact_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+    """Hessian of ``F`` on coordinates ``idx`` by autograd (the one-sided second derivative of
+    a piecewise-quadratic term at ``v`` itself: central differences straddle a kink closer than
+    their step, e.g. ``σ̃*`` of leaky ReLU at ``y ≈ 0``, and Newton then stalls); None where
+    it is not finite."""
+    vt = torch.as_tensor(np.asarray(v, dtype=np.float64))
+    it = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+
+    def f(u: torch.Tensor) -> torch.Tensor:
+        return p.value_t(vt.index_put((it,), u))
+
+    try:
+        h = torch.autograd.functional.hessian(f, vt[it]).detach().numpy()
+    except RuntimeError:
+        return None
+    return 0.5 * (h + h.T) if np.all(np.isfinite(h)) else None
+
+
 def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.ndarray, int]:
     """Projected Newton steps on the free coordinates while the projected gradient decreases."""
     f, g = p.fun_grad(v)
@@ -657,7 +728,8 @@ def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.
         free = np.where(~fixed)[0]
         if free.size == 0:
             break
-        hess = fd_hessian(p, v, free)
+        hess = exact_hessian(p, v, free) if free.size <= 64 else None
+        hess = fd_hessian(p, v, free) if hess is None else hess
         w, q = np.linalg.eigh(hess)
         w = np.maximum(np.abs(w), 1e-10 * max(1.0, float(np.abs(w).max())))
         d = np.zeros_like(v)
