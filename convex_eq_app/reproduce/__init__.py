@@ -20,7 +20,7 @@ from typing import Any
 
 from . import geq, mopteq, tpami  # noqa: F401  (registers the claims)
 from .registry import CLAIMS, EXPERIMENTS, Budget, Verdict
-from .runs import execute
+from .runs import RunCache, execute
 
 
 def select(only: Sequence[str] | None = None) -> list[str]:
@@ -37,10 +37,12 @@ def select(only: Sequence[str] | None = None) -> list[str]:
 
 
 def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "cpu",
-        workers: int = 1, only: Sequence[str] | None = None,
+        workers: int = 1, only: Sequence[str] | None = None, resume: bool = False,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the selected claims (all by default) and write the report into ``out``; returns
-    ``{"verdicts", "measurements", "seconds", "out"}``."""
+    ``{"verdicts", "measurements", "seconds", "out"}``.  ``resume``: reuse the runs an earlier
+    invocation with the same budget finished into ``out/runs.jsonl`` (every finished run is
+    appended there)."""
     import torch
 
     from convex_eq_app.training import resolve_device
@@ -56,7 +58,10 @@ def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "c
     log(f"reproduce ({'quick' if quick else 'full'}): {len(keys)} claims, "
         f"{len(exps)} experiments, seeds {budget.seeds}, {budget.epochs} epochs, device {dev}")
     specs = [s for e in exps for s in EXPERIMENTS[e].runs(budget)]
-    results = execute(specs, budget, log)
+    cache_file = out / "runs.jsonl"
+    if not resume and cache_file.exists():
+        cache_file.unlink()
+    results = execute(specs, budget, log, RunCache(cache_file, budget))
     measurements = {e: EXPERIMENTS[e].summarize(budget, results) for e in exps}
     verdicts = {k: CLAIMS[k].judge(measurements[CLAIMS[k].experiment]) for k in keys}
     plots = {}
@@ -66,7 +71,8 @@ def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "c
     seconds = time.perf_counter() - t0
     env = {"seconds": seconds, "load_start": load0, "load_end": os.getloadavg(),
            "torch_threads": threads, "torch": torch.__version__, "device": dev,
-           "runs": len(results.by_key), "workers": budget.workers}
+           "runs": len(results.by_key), "workers": budget.workers,
+           "reused_runs": len(results.reused), "reused_seconds": sum(results.reused)}
     (out / "reproduce.md").write_text(report(budget, keys, verdicts, measurements, plots, env))
     (out / "results.json").write_text(json.dumps(
         {"budget": asdict(budget), "environment": env,
@@ -77,6 +83,13 @@ def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "c
     log(f"wrote {out / 'reproduce.md'} (+ {len(plots)} plots, results.json) in {seconds:.0f} s")
     return {"verdicts": verdicts, "measurements": measurements, "seconds": seconds,
             "out": str(out)}
+
+
+def _reused(env: dict[str, Any]) -> str:
+    if not env["reused_runs"]:
+        return ""
+    return (f" ({env['reused_runs']} runs reused from an earlier invocation, their own "
+            f"training + evaluation {env['reused_seconds']:.0f} s)")
 
 
 def _json(o: Any) -> Any:
@@ -115,8 +128,8 @@ def report(budget: Budget, keys: Sequence[str], verdicts: dict[str, Verdict],
         f"epochs, batch {budget.batch}; dense layers of width {budget.width}. Device "
         f"{env['device']}, torch {env['torch']}, {env['torch_threads']} torch thread(s) per "
         f"run, {env['workers']} worker process(es); {env['runs']} trained models; wall time "
-        f"{env['seconds']:.0f} s; load average {env['load_start'][0]:.1f} at the start, "
-        f"{env['load_end'][0]:.1f} at the end.", "",
+        f"{env['seconds']:.0f} s{_reused(env)}; load average {env['load_start'][0]:.1f} at the "
+        f"start, {env['load_end'][0]:.1f} at the end.", "",
         "A claim holds when its criterion (fixed before measuring) is met: a difference counts "
         "only when it is larger than the seed standard deviation of either side; "
         "'no (within seed spread)' means the measured difference is smaller than that.", "",

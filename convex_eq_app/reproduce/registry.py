@@ -89,6 +89,8 @@ class Results:
     """Metrics of the finished runs, looked up by spec (``get``) or over seeds (``stat``)."""
 
     by_key: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    #: wall seconds (training + evaluation) of runs reused from an earlier invocation
+    reused: list[float] = field(default_factory=list)
 
     def get(self, spec: RunSpec) -> dict[str, Any]:
         try:

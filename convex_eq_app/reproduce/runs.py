@@ -9,6 +9,7 @@ then measured by the evaluators its runs ask for (registry :data:`EVALUATORS`). 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -350,6 +352,7 @@ def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
     if spec.model not in MODELS:
         raise OptionError(f"unknown model {spec.model!r}", term="reproduce",
                           hint=f"one of {sorted(MODELS)}")
+    torch.manual_seed(spec.seed)  # the head's initialization: the same in any process order
     model = MODELS[spec.model](spec.kwargs, budget, spec.seed)
     cfg = TrainConfig(epochs=budget.epochs, batch=budget.batch, lr=budget.lr, seed=spec.seed,
                       device=budget.device)
@@ -400,27 +403,76 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def execute(specs: Sequence[RunSpec], budget: Budget,
-            log: Callable[[str], None] = print) -> Results:
-    """Train every run (in ``budget.workers`` processes when > 1); logs one line per run."""
-    todo = merge(specs)
+class RunCache:
+    """Finished runs appended to ``path`` (one JSON line each: the budget's identity, the run's
+    key and evaluations, its metrics and wall seconds), so that an interrupted or split full run
+    can be resumed (``convex-eq reproduce --resume``): a run is reused only for the same budget
+    (workers aside) and when it holds every evaluation asked for."""
+
+    def __init__(self, path: Path | None, budget: Budget):
+        self.path = path
+        self.ident = repr(replace(budget, workers=1))
+        self.entries: dict[str, dict[str, Any]] = {}
+        if path is not None and path.is_file():
+            for line in path.read_text().splitlines():
+                e = json.loads(line)
+                if e.get("budget") == self.ident:
+                    self.entries[e["key"]] = e
+
+    def get(self, spec: RunSpec) -> dict[str, Any] | None:
+        e = self.entries.get(repr(spec.key))
+        if e is None or not set(spec.evals) <= set(e["evals"]):
+            return None
+        return e
+
+    def put(self, spec: RunSpec, metrics: dict[str, Any], seconds: float) -> None:
+        if self.path is None:
+            return
+        e = {"budget": self.ident, "key": repr(spec.key), "evals": list(spec.evals),
+             "metrics": metrics, "seconds": seconds}
+        with self.path.open("a") as f:
+            f.write(json.dumps(e) + "\n")
+
+
+def _timed(spec: RunSpec, budget: Budget) -> tuple[dict[str, Any], float]:
+    t0 = time.perf_counter()
+    m = train_one(spec, budget)
+    return m, time.perf_counter() - t0
+
+
+def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None] = print,
+            cache: RunCache | None = None) -> Results:
+    """Train every run not in ``cache`` (in ``budget.workers`` processes when > 1); logs one
+    line per run.  ``Results.reused_seconds``: the recorded wall seconds of the reused runs."""
+    cache = cache or RunCache(None, budget)
     results = Results()
+    todo = []
+    for s in merge(specs):
+        hit = cache.get(s)
+        if hit is None:
+            todo.append(s)
+        else:
+            results.by_key[s.key] = hit["metrics"]
+            results.reused.append(hit["seconds"])
+    if results.reused:
+        log(f"reusing {len(results.reused)} finished runs from {cache.path}")
     t0 = time.perf_counter()
 
-    def done(i: int, spec: RunSpec, m: dict[str, Any]) -> None:
+    def done(i: int, spec: RunSpec, m: dict[str, Any], sec: float) -> None:
         results.by_key[spec.key] = m
+        cache.put(spec, m, sec)
         log(f"[{i:3d}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {spec.label()}: "
             f"acc {100 * m['accuracy']:.1f} % ({m['train_time']:.1f} s)")
 
     if budget.workers <= 1:
         for i, s in enumerate(todo, 1):
-            done(i, s, train_one(s, budget))
+            done(i, s, *_timed(s, budget))
         return results
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(budget.workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futs = {pool.submit(train_one, s, budget): s for s in todo}
+        futs = {pool.submit(_timed, s, budget): s for s in todo}
         for i, f in enumerate(as_completed(futs), 1):
-            done(i, futs[f], f.result())
+            done(i, futs[f], *f.result())
     return results
