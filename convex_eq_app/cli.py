@@ -86,7 +86,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         return 0
     with step("reproduce"):
         reproduce.run(out=args.out, quick=args.quick, device=args.device, workers=args.workers,
-                      only=args.only)
+                      only=args.only, resume=args.resume)
     return 0
 
 
@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="CLAIM",
                    help="claim keys or prefixes (e.g. tpami mopteq_pe); --list shows them")
     r.add_argument("--list", action="store_true", help="list the claims and exit")
+    r.add_argument("--resume", action="store_true", help="reuse the runs an earlier invocation "
+                   "with the same budget finished into OUT/runs.jsonl")
     r.set_defaults(func=cmd_reproduce)
     b = sub.add_parser("bench", add_help=False,
                        help="benchmarks vs cvxpylayers, torchdeq, a hand loop (source checkout; "
