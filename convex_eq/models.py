@@ -9,7 +9,9 @@
 * ``geq``: GEQ/KerDEQ (docs/theory.md §3 rows 2-3), Gaussian-kernel similarity, whole or
   patch-split;
 * ``mopteq``: MOptEq with HH&D fusion (docs/theory.md §3 row 4), per-branch linear kernels
-  ``+ ½ΣH - (λ/2)ΣD``.
+  ``+ ½ΣH - (λ/2)ΣD``; ``conv_mopteq``: its multi-branch, multi-scale convolutional form on
+  signals or images (``fusion="none"``: the POptEq baseline; ``branch_inputs=True``: one input
+  per branch for the perturbation-enhanced cascade of ``lowering.perturbation``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from .activations import get_activation
 from .composition import DeepComposition
 from .errors import ShapeError
 from .objective import Objective
-from .operators import Conv1d, Conv2d, downsample_or_identity
-from .symbols import Input, Scalar, State, Weight
+from .operators import Adjoint, Conv1d, Conv2d, downsample_or_identity
+from .symbols import Constant, Input, Scalar, State, Weight
 from .terms import (
     Antiderivative,
     ChannelDecorrelation,
@@ -147,18 +149,40 @@ def opteq(n: int = 16, m: int = 16, d: int = 8, activation: Any = "relu", *,
 
 
 def deep_opteq(L: int = 2, n: int = 12, m: int = 12, d: int = 6, activation: Any = "relu", *,
-               alpha: float = 0.5, weight_norm: float = 0.9, seed: int = 0) -> DeepComposition:
+               alpha: float | Scalar = 0.5, weight_norm: float = 0.9, seed: int = 0,
+               conv: tuple[Any, ...] | None = None, image: tuple[int, ...] | None = None
+               ) -> DeepComposition:
     """Deep OptEq: ``f_l(z) = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``, ``T = f_L∘…∘f_1``;
-    ``φ_l = ψ_l* - ½||·||²`` declared on block ``z_l`` (last block ``z_0``)."""
+    ``φ_l = ψ_l* - ½||·||²`` declared on block ``z_l`` (last block ``z_0``).
+
+    ``conv=(channels, kernel[, groups])`` with ``image=(C, H, W)`` or ``(C, L)``: convolutional
+    ``W_l`` (state ``channels×spatial`` → itself) and ``U_l`` (input → state).  ``alpha``: a
+    float, or a :class:`~convex_eq.symbols.Scalar` in ``(0, 1]`` (the hook for a learnable α:
+    the composition reads it through ``scalar_value``)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
-    x = Input("x", d)
+    if conv is not None:
+        if image is None:
+            raise ShapeError("conv deep OptEq needs image=(C, H, W) or (C, L) of the input",
+                             term="deep_opteq")
+        ch, k, groups = _conv_spec(conv)
+        x = Input("x", image)
+        shape = (ch, *image[1:])
+    else:
+        x = Input("x", d)
+        shape = (n,)
     layers = []
     for i in range(1, L + 1):
-        blk = State(f"z{i % L}", n)
+        blk = State(f"z{i % L}", shape)
         g = np.random.default_rng(seed + 10 * i)
-        w = spectral_weight(f"W{i}", (m, n), weight_norm, seed + 10 * i)
-        u = Weight(f"U{i}", (m, d), g.standard_normal((m, d)) / math.sqrt(d))
-        b = Weight(f"b{i}", (m,), 0.1 * g.standard_normal(m))
+        if conv is not None:
+            w = conv_weight(f"W{i}", ch, ch, k, shape, norm=weight_norm, seed=seed + 10 * i,
+                            groups=groups)
+            u = conv_weight(f"U{i}", ch, image[0], k, image, norm=1.0, seed=seed + 10 * i + 1)
+            b = Weight(f"b{i}", (blk.size,), np.zeros(blk.size))
+        else:
+            w = spectral_weight(f"W{i}", (m, n), weight_norm, seed + 10 * i)
+            u = Weight(f"U{i}", (m, d), g.standard_normal((m, d)) / math.sqrt(d))
+            b = Weight(f"b{i}", (m,), 0.1 * g.standard_normal(m))
         psi = Antiderivative(act, w @ blk + (u @ x + b))
         layers.append(Objective([psi.conjugate(), -SqNorm(blk)], name=f"phi{i}"))
     return DeepComposition(layers, alpha, name=f"deep_opteq(L={L})")
@@ -266,6 +290,132 @@ def mopteq(shapes: tuple[tuple[int, int, int], ...] = ((2, 4, 4), (2, 2, 2)), d:
     return obj
 
 
+def _resample(from_shape: tuple[int, ...], to_shape: tuple[int, ...], name: str) -> Any:
+    """``P``: ``from_shape → to_shape`` between two branches' states.  ``(C, H, W)`` maps:
+    :func:`~convex_eq.operators.downsample_or_identity`; ``(C, L)`` signals: ``I`` if equal, else
+    average down-sampling by ``f = L_big / L_small`` as a depthwise ``Conv1d`` with the constant
+    kernel ``1/f`` and stride ``f`` (an exact linear map with an exact adjoint), or that map's
+    transpose (up-sampling)."""
+    if len(from_shape) == 3 or from_shape == to_shape:
+        return downsample_or_identity(from_shape, to_shape)
+    (c1, l1), (c2, l2) = from_shape, to_shape
+    big, small = (l1, l2) if l1 >= l2 else (l2, l1)
+    if c1 != c2 or big % small:
+        raise ShapeError(f"cannot resample {from_shape} to {to_shape}", term=name,
+                         hint="give the branches equal channels and lengths that divide")
+    f = big // small
+    k = Constant(name, np.full((c1, 1, f), 1.0 / f))
+    down = Conv1d(k, in_shape=(c1, big), stride=f, groups=c1)
+    return down if l1 >= l2 else Adjoint(down)
+
+
+def conv_mopteq(image: tuple[int, ...] = (1, 40), channels: int = 8,
+                kernels: tuple[int, ...] = (3, 5), scales: tuple[int, ...] = (1, 2),
+                activation: Any = "relu", *, lam: float = 0.1, weight_norm: float = 0.5,
+                seed: int = 0, fusion: str = "HD", branch_inputs: bool = False) -> Objective:
+    """Multi-branch, multi-scale convolutional MOptEq on signals ``(C, L)`` or images
+    ``(C, H, W)``: branch ``i`` has state ``z_i`` of shape ``channels × spatial/scales[i]``,
+    injection ``q_i = U_i x + b_i`` (``U_i`` a ``kernels[i]`` convolution with stride
+    ``scales[i]``) and ``W_i`` a ``kernels[i]`` convolution on ``z_i``;
+    ``G = Σ_i [Σf_σ(z_i) + ½||z_i||² - <q_i, z_i> - ½||W_i z_i||²] - ½Σ_i H(z_i, z_{i+1})
+    + (λ/2)Σ_i D(z_i, z_{i+1})`` (cyclic, ``H(z_i, z_j) = z_iᵀP z_j`` with ``P`` resampling
+    ``z_j`` to ``z_i``'s size; docs/theory.md §3 row 4).
+
+    ``fusion``: ``"HD"`` (H and D), ``"H"`` or ``"none"`` (POptEq: independent branches).
+    ``branch_inputs``: one input ``x_i`` per branch instead of one shared ``x`` (the branches'
+    inputs of the perturbation-enhanced cascade, :func:`lowering.perturbation.cascade`)."""
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    k = len(kernels)
+    if k < 2 or len(scales) != k:
+        raise ShapeError(f"{k} kernels and {len(scales)} scales: MOptEq needs at least two "
+                         "branches and one scale per branch", term="conv_mopteq")
+    if fusion not in ("HD", "H", "none"):
+        raise ShapeError(f"unknown fusion {fusion!r}", term="conv_mopteq",
+                         hint="use 'HD' (MOptEq), 'H' (no decorrelation) or 'none' (POptEq)")
+    c0, *spatial = image
+    if len(spatial) not in (1, 2):
+        raise ShapeError(f"image {image} must be (C, L) or (C, H, W)", term="conv_mopteq")
+    shared = Input("x", image)
+    lam_s = Scalar("lam", lam, low=0.0)
+    zs, terms = [], []
+    for i, (kk, sc) in enumerate(zip(kernels, scales)):
+        if kk % 2 == 0 or any(n % sc for n in spatial):
+            raise ShapeError(f"branch {i + 1}: kernel {kk} must be odd and scale {sc} must "
+                             f"divide the spatial size {tuple(spatial)}", term="conv_mopteq")
+        shape = (channels, *(n // sc for n in spatial))
+        z = State(f"z{i + 1}", shape)
+        zs.append(z)
+        x = Input(f"x{i + 1}", image) if branch_inputs else shared
+        cls = Conv1d if len(spatial) == 1 else Conv2d
+        g = np.random.default_rng(seed + 7 * i + 1)
+        ks = (kk,) * len(spatial)
+        uw = Weight(f"U{i + 1}", (channels, c0, *ks), g.standard_normal((channels, c0, *ks)))
+        u_op = cls(uw, in_shape=image, stride=sc, padding=kk // 2)
+        if tuple(u_op.out_shape) != shape:
+            raise ShapeError(f"branch {i + 1}: the stride-{sc} kernel-{kk} injection gives "
+                             f"{u_op.out_shape}, not {shape}", term="conv_mopteq")
+        uw.value = uw.value / u_op.norm()
+        w_op = conv_weight(f"W{i + 1}", channels, channels, kk, shape, norm=weight_norm,
+                           seed=seed + 7 * i)
+        b = Weight(f"b{i + 1}", (z.size,), np.zeros(z.size))
+        terms += [Potential(act, z), SqNorm(z), -Linear(u_op @ x + b, z), -SqNorm(w_op @ z)]
+    for i in range(k if fusion != "none" else 0):
+        zi, zj = zs[i], zs[(i + 1) % k]
+        p = _resample(zj.shape, zi.shape, f"P{i + 1}")
+        terms.append(Coupling(zi, zj, p) * -0.5)
+        if fusion == "HD":
+            terms.append(ChannelDecorrelation(zi, zj, p, channels=channels) * lam_s * 0.5)
+    name = "popteq-conv" if fusion == "none" else "mopteq-conv"
+    obj = Objective(terms, name=name)
+    obj.reference = ("POptEq: parallel conv OptEq branches without fusion" if fusion == "none"
+                     else f"MOptEq multi-scale conv, fusion {fusion}") + ", docs/theory.md §3 row 4"
+    return obj
+
+
 def torch_seed(seed: int) -> torch.Generator:
     """A seeded torch generator (for reproducible examples)."""
     return torch.Generator().manual_seed(seed)
+
+
+def mon(n: int = 16, d: int = 8, activation: Any = "relu", *, margin: float = 0.5,
+        weight_scale: float = 1.0, seed: int = 0, splitting: str = "auto",
+        conv: tuple[Any, ...] | None = None, image: tuple[int, ...] | None = None) -> Any:
+    """Monotone operator equilibrium network (docs/monotone.md §5): ``0 ∈ (I − W)z − (Ux + b)
+    + ∂f_σ(z)``, ``I − W = mI + AᵀA − (B − Bᵀ)``, i.e. ``z = prox_{f_σ}``-splitting of
+    ``z = σ(Wz + Ux + b)``; one equilibrium for every ``A, B`` (margin ``m``), so it trains
+    without weight control.  ``weight_scale``: ``||A||₂ = ||B||₂`` at initialisation.
+    ``splitting``: "auto" (Peaceman–Rachford), "peaceman-rachford", "douglas-rachford" or
+    "forward-backward".  ``conv=(channels, kernel)`` with ``image=(C, H, W)`` or ``(C, L)``
+    uses convolutional ``U, A, B`` on a ``channels×…`` state.  Returns an ``Inclusion``:
+    ``lowering.lower(mon(...)).torch_module(...)`` as for ``opteq``."""
+    from .inclusion import Inclusion
+    from .operators.monotone import MonotoneMatrix
+
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    if conv is not None:
+        if image is None:
+            raise ShapeError("conv MON needs image=(C, H, W) or (C, L) of the input", term="mon")
+        ch, k, groups = _conv_spec(conv)
+        if groups != 1:
+            raise ShapeError("conv MON takes conv=(channels, kernel)", term="mon",
+                             hint="drop the groups entry")
+        c0, *sp = image
+        z = State("z", (ch, *sp))
+        x = Input("x", image)
+        u_op = conv_weight("U", ch, c0, k, image, norm=1.0, seed=seed + 1)
+        b = Weight("b", (z.size,), np.zeros(z.size))
+        a_op = conv_weight("A", ch, ch, k, z.shape, norm=weight_scale, seed=seed)
+        b_op = conv_weight("B", ch, ch, k, z.shape, norm=weight_scale, seed=seed + 2)
+        inc = Inclusion(Potential(act, z), grad=[-Linear(u_op @ x + b, z)],
+                        linear=[MonotoneMatrix(a_op, b_op, margin)], name="mon-conv",
+                        splitting=splitting)
+        inc.reference = "MON (conv), docs/monotone.md §5"
+        return inc
+    z = State("z", n)
+    x, q = _injection("", n, d, seed)
+    a = spectral_weight("A", (n, n), weight_scale, seed)
+    b = spectral_weight("B", (n, n), weight_scale, seed + 2)
+    inc = Inclusion(Potential(act, z), grad=[-Linear(q, z)],
+                    linear=[MonotoneMatrix(a, b, margin)], name="mon", splitting=splitting)
+    inc.reference = "MON, docs/monotone.md §5"
+    return inc

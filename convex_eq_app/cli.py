@@ -1,4 +1,5 @@
-"""``convex-eq`` command line: ``derive``, ``verify``, ``tour``, ``demo``, ``bench``.
+"""``convex-eq`` command line: ``derive``, ``verify``, ``tour``, ``demo``, ``train-table``,
+``reproduce``, ``bench``.
 
 User mistakes print one line naming the command and the step that failed, plus a hint, and
 exit 2; ``--debug`` shows tracebacks; ``-v`` logs each step (``-vv``: debug details).  Only the
@@ -42,11 +43,50 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo (derive, verify, edit and train on load_digits)."""
+    """Run the demo (derive, verify, edit and train on MNIST-1D)."""
     from .demo import run
+    from .training import resolve_device
 
+    with step("device"):
+        device = str(resolve_device(args.device))
     with step("demo"):
-        run(out=args.out, quick=args.quick, progress=not args.no_progress, workers=args.workers)
+        run(out=args.out, quick=args.quick, progress=not args.no_progress, workers=args.workers,
+            device=device)
+    return 0
+
+
+def cmd_train_table(args: argparse.Namespace) -> int:
+    """Train the MNIST-1D table (equilibrium models vs an MLP and a CNN of equal size)."""
+    from .table import TableConfig, run
+    from .training import resolve_device
+
+    cfg = TableConfig.quick_config() if args.quick else TableConfig()
+    for key in ("epochs", "channels", "kernel", "workers"):
+        if getattr(args, key) is not None:
+            setattr(cfg, key, getattr(args, key))
+    if args.seeds:
+        cfg.seeds = tuple(args.seeds)
+    if args.models:
+        cfg.models = tuple(args.models)
+    cfg.val = args.val
+    with step("device"):
+        cfg.device = str(resolve_device(args.device))
+    with step("train-table"):
+        run(out=args.out, cfg=cfg)
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Run the papers' claims in miniature and write the claim table (docs/reproduce.md)."""
+    from . import reproduce
+
+    if args.list:
+        for key, claim in reproduce.CLAIMS.items():
+            print(f"{key:28s} {claim.source:26s} {claim.statement}")
+        return 0
+    with step("reproduce"):
+        reproduce.run(out=args.out, quick=args.quick, device=args.device, workers=args.workers,
+                      only=args.only, resume=args.resume)
     return 0
 
 
@@ -88,13 +128,48 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tour", help="objective-language tour (declare, certify, export, derive)")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_tour)
-    dm = sub.add_parser("demo", help="derive, verify, edit and train on load_digits (< 5 min)")
+    dm = sub.add_parser("demo", help="derive, verify, edit and train on MNIST-1D (< 5 min)")
     dm.add_argument("--quick", action="store_true", help="< 1 minute version (smoke test)")
     dm.add_argument("--out", default="convex_eq_out", help="output folder (report + plots)")
     dm.add_argument("--no-progress", action="store_true", help="hide tqdm progress bars")
     dm.add_argument("--workers", type=int, default=None,
                     help="training processes, one thread each (default 2; 1 = in-process)")
+    dm.add_argument("--device", default="cpu", help="cpu (default), cuda or auto (CUDA when "
+                    "present)")
     dm.set_defaults(func=cmd_demo)
+    tt = sub.add_parser("train-table", help="MNIST-1D table: the seeds' equilibrium models vs an "
+                        "MLP and a CNN of equal parameter count (--quick: < 2 min)")
+    tt.add_argument("--quick", action="store_true", help="CI smoke version (< 2 minutes)")
+    tt.add_argument("--out", default="convex_eq_table", help="output folder (table + JSON)")
+    tt.add_argument("--epochs", type=int, default=None)
+    tt.add_argument("--channels", type=int, default=None)
+    tt.add_argument("--kernel", type=int, default=None)
+    tt.add_argument("--seeds", type=int, nargs="+", default=None)
+    tt.add_argument("--models", nargs="+", default=None, help="model names (default: all)")
+    tt.add_argument("--workers", type=int, default=None,
+                    help="training processes, one thread each (default 2)")
+    tt.add_argument("--val", action="store_true",
+                    help="report a validation split of train (10 %%) instead of the test set")
+    tt.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    tt.set_defaults(func=cmd_train_table)
+    r = sub.add_parser("reproduce", help="the papers' claims in miniature: a claim table "
+                       "(paper's number, measured here, holds?) and plots",
+                       description="Train small models on MNIST-1D (generated locally) and check "
+                       "the papers' claims, each against a criterion fixed before measuring; "
+                       "writes reproduce.md, one PNG per experiment and results.json.")
+    r.add_argument("--quick", action="store_true", help="CI smoke run (< 2 min): one seed, one "
+                   "epoch, tiny layers — its verdicts are not evidence")
+    r.add_argument("--out", default="reproduce_out", help="output folder (report + plots)")
+    r.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto (CUDA when "
+                   "present)")
+    r.add_argument("--workers", type=int, default=1,
+                   help="training processes, one torch thread each (default 1)")
+    r.add_argument("--only", nargs="+", metavar="CLAIM",
+                   help="claim keys or prefixes (e.g. tpami mopteq_pe); --list shows them")
+    r.add_argument("--list", action="store_true", help="list the claims and exit")
+    r.add_argument("--resume", action="store_true", help="reuse the runs an earlier invocation "
+                   "with the same budget finished into OUT/runs.jsonl")
+    r.set_defaults(func=cmd_reproduce)
     b = sub.add_parser("bench", add_help=False,
                        help="benchmarks vs cvxpylayers, torchdeq, a hand loop (source checkout; "
                        "convex-eq bench --help lists its options)")

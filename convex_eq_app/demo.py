@@ -1,9 +1,11 @@
-"""The main demo: declare → derive → verify → edit the objective three ways → train on digits.
+"""The main demo: declare → derive → verify → edit the objective three ways → train on MNIST-1D.
 
-``convex-eq demo [--quick] [--out DIR]``: derives the OptEq layer (conv, Theorem 1), verifies it
-against CVXPY, edits the objective (ℓ1 feature regularizer via prox, Moreau-envelope skip
-connection, Gaussian kernel), trains every derived model and an MLP with the same parameter count
-on scikit-learn's bundled ``load_digits`` (8×8 images), and writes plots and a Markdown report.
+``convex-eq demo [--quick] [--out DIR] [--device DEV]``: derives the OptEq layer (conv, Theorem
+1), verifies it against CVXPY, edits the objective (ℓ1 feature regularizer via prox,
+Moreau-envelope skip connection, Gaussian kernel), trains every derived model and an MLP with the
+same parameter count on MNIST-1D (1-D signals of length 40, generated locally by the ``mnist1d``
+package) with the shared training loop (``convex_eq_app.training``), and writes plots and a
+Markdown report.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import multiprocessing
 import queue
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,25 @@ from torch import nn
 
 import lowering
 from convex_eq import models
-from convex_eq.errors import ConvergenceWarning
 from convex_eq.terms import L1, moreau
+from lowering.classifier import EquilibriumClassifier, TrainingSettings
 
-IMAGE = (1, 8, 8)
+from .data import Dataset, mnist1d
+from .table import mlp_with
+from .training import (
+    Result,
+    TrainConfig,
+    effective_weights,
+    fit,
+    n_params,
+    resolve_device,
+    verify_layer,
+)
+
+#: one MNIST-1D sample: a 1-channel signal of length 40
+SIGNAL = (1, 40)
+#: the GEQ patch kernel reads the signal as a 1-row image
+ROW = (1, 1, 40)
 MLP = "MLP (same #params)"
 #: the equilibrium layers are trained and compared in this dtype (named in plot titles)
 DTYPE = torch.float32
@@ -43,8 +59,9 @@ TRAIN_ORDER = ("OptEq + ℓ1", "OptEq Moreau skip", "OptEq", "GEQ (Gaussian kern
 class DemoConfig:
     """Sizes and budgets (``quick`` shrinks them for the < 1 minute smoke run)."""
 
-    channels: int = 32
-    epochs: int = 15
+    channels: int = 16
+    kernel: int = 5
+    epochs: int = 10
     batch: int = 64
     lr: float = 1e-2
     tol: float = 1e-4
@@ -54,56 +71,57 @@ class DemoConfig:
     gamma: float = 0.05
     verify_inputs: int = 1
     pool: str = "max"
+    pooled: int = 8
     quick: bool = False
     seed: int = 0
     #: processes training the models in parallel (each single-threaded); 1 = in this process
     workers: int = 2
+    #: ``cpu``, ``cuda`` or ``auto`` (CUDA when present)
+    device: str = "cpu"
+    #: training samples used (0 = all 4000; the quick run uses a subset)
+    train_subset: int = 0
 
     @classmethod
     def quick_config(cls) -> DemoConfig:
-        return cls(channels=4, epochs=1, verify_inputs=1, quick=True)
+        return cls(channels=4, kernel=3, epochs=1, verify_inputs=1, quick=True,
+                   train_subset=512)
 
+    def settings(self, name: str) -> TrainingSettings:
+        """The module options model ``name`` trains under."""
+        return TrainingSettings(tol=self.tol, max_iter=self.max_iter,
+                                weight_bounds=WEIGHT_BOUNDS.get(name))
 
-@dataclass
-class Result:
-    name: str
-    accuracy: float = 0.0
-    params: int = 0
-    mean_iterations: float = float("nan")
-    final_residual: float = float("nan")
-    verification: str = "—"
-    train_time: float = 0.0
-    #: convergence warnings raised while training: (forward, backward adjoint) counts
-    nonconvergence: tuple[int, int] = (0, 0)
-    history: list[dict[str, float]] = field(default_factory=list)
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(epochs=self.epochs, batch=self.batch, lr=self.lr, seed=self.seed,
+                           device=self.device)
 
 
 # ----------------------------------------------------------------------------- data
-def load_data(seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """``load_digits`` (bundled with scikit-learn), standardized, 80/20 stratified split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = x.astype(np.float32).reshape(-1, *IMAGE)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    mu, sd = xtr.mean(), xtr.std()
-    return (torch.as_tensor((xtr - mu) / sd), torch.as_tensor(ytr),
-            torch.as_tensor((xte - mu) / sd), torch.as_tensor(yte))
+def load_data(cfg: DemoConfig) -> Dataset:
+    """MNIST-1D (generated locally, standardised from the training part)."""
+    data = mnist1d()
+    if cfg.train_subset:
+        k = cfg.train_subset
+        data = Dataset(data.name, data.x_train[:k], data.y_train[:k], data.x_test, data.y_test)
+    return data
 
 
 # ----------------------------------------------------------------------------- objectives
 def objectives(cfg: DemoConfig) -> dict[str, Any]:
     """The base OptEq objective (conv, canonical form) and its three edits."""
-    base = models.opteq(conv=(cfg.channels, 3), image=IMAGE, seed=cfg.seed)
+    base = models.opteq(conv=(cfg.channels, cfg.kernel), image=SIGNAL, seed=cfg.seed)
     z = base.states[0]
     return {
         "OptEq": base,
         "OptEq + ℓ1": base + cfg.l1 * L1(z),
         "OptEq Moreau skip": cfg.alpha * moreau(base, 1.0 - cfg.alpha),
-        "GEQ (Gaussian kernel)": models.geq(conv=(cfg.channels, 3), image=IMAGE, patch=2, h=8,
-                                           gamma=cfg.gamma, seed=cfg.seed),
+        "GEQ (Gaussian kernel)": models.geq(conv=(cfg.channels, (1, cfg.kernel)), image=ROW,
+                                           patch=(1, 4), h=8, gamma=cfg.gamma, seed=cfg.seed),
     }
+
+
+#: the layout each model reads a signal in (None: as it comes)
+INPUT_SHAPES = {"GEQ (Gaussian kernel)": ROW}
 
 
 #: weights kept at spectral norm ≤ bound during training (convexity / contraction certificates)
@@ -118,93 +136,10 @@ def derivation_diff(base: Any, other: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- models
-class EquilibriumClassifier(nn.Module):
-    """Derived equilibrium layer → 2×2 average pool → linear head."""
-
-    def __init__(self, derived: Any, cfg: DemoConfig, solver: str = "anderson",
-                 weight_bounds: dict[str, float] | None = None):
-        super().__init__()
-        certified = derived.certificate is not None and derived.certificate.kind == "conditional"
-        wc = "spectral_norm" if certified or weight_bounds else None
-        self.eq = derived.torch_module(solver=solver, tol=cfg.tol, max_iter=cfg.max_iter,
-                                       backward_max_iter=2 * cfg.max_iter,
-                                       on_nonconvergence="warn", weight_control=wc,
-                                       weight_bounds=weight_bounds, margin=0.02,
-                                       dtype=DTYPE)
-        c = derived.blocks[0].shape[0]
-        pool = nn.MaxPool2d(2) if cfg.pool == "max" else (
-            nn.AvgPool2d(2) if cfg.pool == "avg" else nn.Identity())
-        k = 16 if cfg.pool in ("max", "avg") else 64
-        self.head = nn.Sequential(pool, nn.Flatten(), nn.Linear(c * k, 10))
-        self.stats: Any = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z, self.stats = self.eq(x, return_stats=True)
-        return self.head(z)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.eq(x)
-
-
-def mlp_with(params: int) -> nn.Module:
-    """``64 → h → 10`` MLP with about ``params`` parameters (``75h + 10``)."""
-    h = max(4, round((params - 10) / 75))
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, h), nn.ReLU(), nn.Linear(h, 10))
-
-
-def n_params(m: nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
-
-
-# ----------------------------------------------------------------------------- training
-def train(model: nn.Module, data: tuple[torch.Tensor, ...], cfg: DemoConfig, name: str,
-          progress: bool = True,
-          on_epoch: Callable[[dict[str, float]], None] | None = None) -> Result:
-    """Adam + cross-entropy (cosine learning rate); records loss/accuracy per epoch."""
-    from tqdm import tqdm
-
-    xtr, ytr, xte, yte = data
-    torch.manual_seed(cfg.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
-    res = Result(name, params=n_params(model))
-    t0 = time.perf_counter()
-    bar = tqdm(range(cfg.epochs), desc=f"{name:<24}", disable=not progress, leave=True)
-    for epoch in bar:
-        model.train()
-        perm = torch.randperm(len(xtr))
-        tot, its, nb = 0.0, 0.0, 0
-        for i in range(0, len(xtr), cfg.batch):
-            idx = perm[i:i + cfg.batch]
-            loss = nn.functional.cross_entropy(model(xtr[idx]), ytr[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            tot += float(loss.detach())
-            st = getattr(model, "stats", None)
-            its += st.mean_iterations if st is not None else 0.0
-            nb += 1
-        sched.step()
-        acc = accuracy(model, xte, yte)
-        res.history.append({"epoch": epoch + 1, "loss": tot / nb, "test_acc": acc,
-                            "iterations": its / nb})
-        bar.set_postfix(loss=f"{tot / nb:.3f}", acc=f"{acc:.3f}")
-        if on_epoch is not None:
-            on_epoch(res.history[-1])
-    res.train_time = time.perf_counter() - t0
-    res.accuracy = accuracy(model, xte, yte)
-    if isinstance(model, EquilibriumClassifier):
-        with torch.no_grad():
-            model(xte)
-        res.mean_iterations = model.stats.mean_iterations
-        res.final_residual = model.stats.max_residual
-    return res
-
-
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    model.eval()
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+def classifier(name: str, derived: Any, cfg: DemoConfig) -> EquilibriumClassifier:
+    """Model ``name``: its derived layer, max-pooled to ``cfg.pooled`` positions, linear head."""
+    return EquilibriumClassifier(derived, cfg.settings(name), pool=cfg.pool, pooled=cfg.pooled,
+                                 input_shape=INPUT_SHAPES.get(name))
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -218,29 +153,24 @@ def _init_worker(q: Any) -> None:
 
 
 def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = False) -> dict:
-    """Train model ``name`` on digits, verify its equilibrium layer on test inputs; returns the
-    ``Result``, the layer's effective weights and its test features (picklable)."""
+    """Train model ``name`` on MNIST-1D, verify its equilibrium layer on test inputs; returns the
+    ``Result``, the layer's effective weights and its test features (picklable, on the CPU)."""
     torch.set_num_threads(1)
-    data = load_data(cfg.seed)
+    data = load_data(cfg)
     torch.manual_seed(cfg.seed)
     if name == MLP:
-        model: nn.Module = mlp_with(mlp_params)
+        model: nn.Module = mlp_with(mlp_params, SIGNAL[-1])
     else:
-        model = EquilibriumClassifier(lowering.lower(objectives(cfg)[name]), cfg,
-                                      weight_bounds=WEIGHT_BOUNDS.get(name))
+        model = classifier(name, lowering.lower(objectives(cfg)[name]), cfg)
     q = _QUEUE
     report = None if q is None else (lambda h: q.put((name, h)))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        res = train(model, data, cfg, name, progress, on_epoch=report)
-    msgs = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
-    res.nonconvergence = (sum(m.startswith("forward") for m in msgs),
-                          sum(m.startswith("backward") for m in msgs))
+    res = fit(model, data, cfg.train_config(), name, progress, on_epoch=report)
     out: dict[str, Any] = {"result": res}
     if isinstance(model, EquilibriumClassifier):
-        res.verification = verify_model(model, data[2], cfg.verify_inputs)
-        with torch.no_grad():
-            out["features"] = model.features(data[2]).numpy().ravel()
+        with _quiet():
+            res.verification = verify_layer(model, data.x_test, cfg.verify_inputs)
+            with torch.no_grad():
+                out["features"] = model.features(data.x_test.cpu()).numpy().ravel()
         out["eq_weights"] = effective_weights(model.eq)
     return out
 
@@ -293,27 +223,7 @@ class Trainer:
             self.pool.shutdown(cancel_futures=True)
 
 
-# ----------------------------------------------------------------------------- verification
-def verify_model(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
-    """Worst verification gap of the trained layer on ``k`` test inputs (docs/theory.md §9
-    reference):
-    relative state error vs CVXPY / the local reference, and the verdict."""
-    from verify.check import check  # not at the top: the training workers never verify
-
-    rep = check(model.eq, x[:k].double())
-    errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]
-    verdict = "pass" if rep.passed else f"FAIL: {'; '.join(rep.failures)[:90]}"
-    return f"{max(errs):.1e} ({rep.reference.kind}: {rep.label}, {verdict})"
-
-
 # ----------------------------------------------------------------------------- plots & report
-def effective_weights(eq: Any) -> dict[str, torch.Tensor]:
-    """The weights a module actually uses (after spectral-norm control), as a state dict."""
-    with torch.no_grad():
-        return {f"weights.{k}": v.detach().clone() for k, v in eq.env().items()
-                if k in eq.weights}
-
-
 #: the solver comparison on the trained layer (in ``DTYPE``): a tolerance float32 reaches
 TRACE_TOL, TRACE_MAX_ITER = 1e-6, 60
 
@@ -353,7 +263,6 @@ def residual_traces(derived: Any, eq_state: dict, x: torch.Tensor) -> dict[str, 
 
 class _quiet:
     def __enter__(self) -> None:
-        import warnings
 
         self._w = warnings.catch_warnings()
         self._w.__enter__()
@@ -391,7 +300,7 @@ def write_plots(out: Path, results: list[Result], traces: dict[str, ResidualTrac
             a.set_xlim(0.5, epochs + 0.5)
             a.set_xticks(range(1, epochs + 1))
     ax[1].legend(fontsize=7)
-    fig.suptitle(f"training on load_digits (equilibrium layers in {DTYPE_NAME})", fontsize=10)
+    fig.suptitle(f"training on MNIST-1D (equilibrium layers in {DTYPE_NAME})", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "training_curves.png", dpi=120)
     files.append("training_curves.png")
@@ -454,30 +363,32 @@ def table(results: list[Result]) -> str:
 
 # ----------------------------------------------------------------------------- main
 def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool = True,
-        workers: int | None = None) -> dict:
+        workers: int | None = None, device: str = "cpu") -> dict:
     """Run the whole demo; returns the results (also written to ``out``).  ``workers``:
-    training processes (default ``DemoConfig.workers`` = 2; 1 trains in this process)."""
+    training processes (default ``DemoConfig.workers`` = 2; 1 trains in this process);
+    ``device``: where the models train (``cpu``, ``cuda``, ``auto``)."""
     # the layers are small: one thread avoids OpenMP hand-off/spin costs that dominate tiny
     # convolutions (and make them 100x slower when the machine is busy)
     torch.set_num_threads(1)
     cfg = DemoConfig.quick_config() if quick else DemoConfig()
     if workers is not None:
         cfg.workers = int(workers)
+    cfg.device = str(resolve_device(device))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     objs = objectives(cfg)
     derived = {name: lowering.lower(o) for name, o in objs.items()}
     base = derived["OptEq"]
-    trainer = Trainer(cfg, n_params(EquilibriumClassifier(base, cfg)), progress)
+    trainer = Trainer(cfg, n_params(classifier("OptEq", base, cfg)), progress)
     trainer.start()  # workers train while this process prints and verifies
     print("=" * 78)
     print("1. OptEq hidden objective (conv W, Theorem 1) and its derived layer")
     print("=" * 78)
     print(base.describe())
     _phase("derive", t_start)
-    data = load_data(cfg.seed)
-    xte = data[2]
+    data = load_data(cfg)
+    xte = data.x_test
     print("\nverification of the untrained layer against CVXPY (one test input):")
     print(_verify_once(base, xte[:1]))
     _phase("verify", t_start)
@@ -490,7 +401,8 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
         print(f"\n--- {name}: certificate: {d.certificate.long_text() if d.certificate else '—'}")
         print(derivation_diff(base, d))
     print("\n" + "=" * 78)
-    print("3. Training every derived layer on load_digits (1437 train / 360 test)")
+    print(f"3. Training every derived layer on MNIST-1D ({len(data.y_train)} train / "
+          f"{len(data.y_test)} test signals of length {data.shape[-1]}) on {cfg.device}")
     print("=" * 78)
     print(f"({max(1, cfg.workers)} worker process(es), one thread each; every trained layer is "
           f"then verified on {cfg.verify_inputs} test input(s))")
@@ -545,9 +457,11 @@ def _report(cfg: DemoConfig, derived: dict, results: list[Result], plots: list[s
              "## Derived layers", ""]
     for name, d in derived.items():
         lines += [f"### {name}", "", "```", d.describe(), "```", ""]
-    lines += ["## Training on load_digits", "", table(results), "",
+    lines += ["## Training on MNIST-1D", "", table(results), "",
               nonconvergence_note(results, cfg), "",
               "![training curves](training_curves.png)", "",
+              "Per-epoch solver statistics (forward / adjoint iterations, steps at the "
+              "iteration cap) are in results.json (`history`).", "",
               "## Solvers on the trained OptEq layer", "",
               f"{DTYPE_NAME}, tol {TRACE_TOL:g}, at most "
               f"{TRACE_MAX_ITER} iterations; the residual is that of the iterate the module "

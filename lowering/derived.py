@@ -37,6 +37,25 @@ class DerivedLayer:
     payload: Any = None
     #: the keyword options ``lower`` was called with (re-deriving the layer, e.g. on unpickle)
     lower_options: dict[str, Any] = field(default_factory=dict)
+    #: the layer's outputs as nodes of the solved state (None: the state blocks themselves),
+    #: e.g. ``z = prox_{αg}(u)`` of a Peaceman–Rachford layer whose state is ``u``
+    outputs: list[tuple[Symbol, Node]] | None = None
+
+    @property
+    def output_blocks(self) -> list[Symbol]:
+        """The blocks the layer returns (the state blocks unless ``outputs`` maps them)."""
+        return self.blocks if self.outputs is None else [b for b, _ in self.outputs]
+
+    def output(self, z: torch.Tensor, inputs: Mapping[str, torch.Tensor], env: Env | None
+               ) -> torch.Tensor:
+        """The stacked outputs ``(B, ·)`` at the flat stacked solved state ``z`` (``z`` itself
+        without an output map)."""
+        if self.outputs is None:
+            return z
+        Z = dict(inputs)
+        Z.update(self.split(z))
+        return torch.cat([broadcast_batch(n.eval(Z, env), z.shape[0]) for _, n in self.outputs],
+                         dim=-1)
 
     @property
     def info(self) -> dict[str, Any]:

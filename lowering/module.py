@@ -336,8 +336,12 @@ class EquilibriumModule(nn.Module):
         return torch.cat([out[b.name] for b in self.blocks], dim=-1)
 
     def _shape_out(self, z: torch.Tensor) -> Any:
-        parts = self.derived.split(z)
-        shaped = [parts[b.name].reshape(z.shape[0], *b.shape) for b in self.blocks]
+        blocks = self.derived.output_blocks
+        parts, o = {}, 0
+        for b in blocks:
+            parts[b.name] = z[:, o:o + b.size]
+            o += b.size
+        shaped = [parts[b.name].reshape(z.shape[0], *b.shape) for b in blocks]
         return shaped[0] if len(shaped) == 1 else tuple(shaped)
 
     # ------------------------------------------------------------------ forward
@@ -400,6 +404,7 @@ class EquilibriumModule(nn.Module):
                 z_ok = self._attach(fn, sub, z_star[ok], z0[ok])
             z = z_star.detach().clone().index_put((rows,), z_ok)
             z = torch.where(ok[:, None], z, torch.full_like(z, float("nan")))
+        z = self.derived.output(z, inputs, env)  # the layer's outputs (the state without a map)
         if bool(bad_in.any()):  # put the dropped samples back (NaN)
             full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
             z = full.index_put((torch.nonzero(keep).flatten(),), z)

@@ -72,3 +72,49 @@ def perturbation(objective: Any, eps: float) -> Perturbation:
         raise LoweringError("the objective does not depend on an input", term="perturbation")
     exact = all(isinstance(t, Linear) and not t.args[1].symbols("input") for t in terms)
     return Perturbation(objective, float(eps), terms, exact, _formula(terms, eps))
+
+
+@dataclass
+class Cascade:
+    """Perturbation-enhanced (PE) cascade of a multi-branch layer (MOptEq's PE training,
+    docs/theory.md §7): branch ``i`` reads ``x - δ_{i-1}``, with ``δ_0 = 0`` and ``δ_i =
+    -ε·sign(∇_{x_i} G(z*; x))`` the worst-case perturbation of branch ``i`` derived from the
+    objective (for the linear injection ``-<U_i x_i + b_i, z_i>``: ``δ_i = ε·sign(U_iᵀ z_i*)``),
+    computed at the equilibrium ``z*`` of the unperturbed inputs and held fixed (``sign`` has no
+    gradient).  ``branches``: the input names ``x_1, …, x_k`` in cascade order."""
+
+    perturbation: Perturbation
+    branches: list[str]
+
+    @property
+    def eps(self) -> float:
+        return self.perturbation.eps
+
+    def inputs(self, x: torch.Tensor, states: dict[str, torch.Tensor], env: Env | None = None
+               ) -> dict[str, torch.Tensor]:
+        """The cascaded inputs ``{x_1: x, x_i: x - δ_{i-1}}`` for a shared input ``x`` (flat
+        ``(B, d)`` or shaped) and the flat equilibrium ``states`` of the unperturbed inputs."""
+        flat = x.reshape(x.shape[0], -1)
+        values = {**states, **{name: flat for name in self.branches}}
+        deltas = self.perturbation.delta(values, env)
+        out = {self.branches[0]: flat}
+        for prev, name in zip(self.branches, self.branches[1:]):
+            out[name] = flat - deltas[prev].detach() if prev in deltas else flat
+        return out
+
+
+def cascade(objective: Any, eps: float) -> Cascade:
+    """The PE cascade of ``objective`` (one input per branch, e.g.
+    ``convex_eq.models.conv_mopteq(branch_inputs=True)``) with perturbations of size ``eps``."""
+    pert = perturbation(objective, eps)
+    names = [s.name for s in objective.inputs]
+    if len(names) < 2:
+        raise LoweringError(f"a PE cascade needs one input per branch; the objective has "
+                            f"{names}", term="cascade",
+                            hint="build the model with one input per branch "
+                            "(conv_mopteq(branch_inputs=True))")
+    shapes = {tuple(s.shape) for s in objective.inputs}
+    if len(shapes) != 1:
+        raise LoweringError(f"the branch inputs have different shapes {sorted(shapes)}: a "
+                            "cascade feeds one shared input to every branch", term="cascade")
+    return Cascade(pert, names)

@@ -9,6 +9,7 @@ and returns a ``Report``.  ``verify.properties`` ships the theorems as hypothesi
 from .check import CertificateAt, certificate_at, check
 from .families import convex_families, markdown_table, nonconvex_families, run_family
 from .gradients import gradient_check
+from .inclusion import InclusionReport, check_inclusion
 from .references import envelope_gradient, inclusion_residuals, wide_solution
 from .report import (
     EquilibriumInfo,
@@ -20,8 +21,9 @@ from .report import (
 )
 
 __all__ = [
-    "CertificateAt", "EquilibriumInfo", "GradientReport", "ReferenceInfo", "Report",
-    "SampleResult", "Tolerances", "certificate_at", "check", "convex_families",
+    "CertificateAt", "EquilibriumInfo", "GradientReport", "InclusionReport", "ReferenceInfo",
+    "Report",
+    "SampleResult", "Tolerances", "certificate_at", "check", "check_inclusion", "convex_families",
     "envelope_gradient", "gradient_check", "inclusion_residuals", "markdown_table",
     "nonconvex_families", "run_family", "wide_solution",
 ]

@@ -9,6 +9,11 @@ bounds, mirroring the CVXPY export without the DCP restriction:
 * a Moreau envelope ``c·M^μ_f(v)`` whose inner ``f`` has no closed-form prox becomes an
   auxiliary block ``u`` with ``c[f(u) + ||u - v||²/(2μ)]`` (inf-convolution, jointly convex when
   ``f`` is: the inner envelope is computed by minimizing over ``u`` together with the rest);
+* a term whose domain is a box in an affine argument ``u = Mz + c`` of one state (``Σσ̃*(Mz)``
+  of TPAMI Eq. 4: ``dom = {Mz ≥ 0}`` for ReLU, a polyhedron in ``z``), with ``M`` of full row
+  rank, becomes the block ``y = Mz + c`` (bounds: the term's ``domain_box``) plus, when ``M``
+  is wide, the block ``w = Nᵀz`` on ``ker M`` (``z = M⁺(y − c) + Nw``, an affine bijection,
+  so stationary points and minimizers correspond); the term itself is evaluated at ``y``;
 * every other term is evaluated by its own ``value`` rule; a potential ``Σf_σ(z)`` on a state
   gives the box bounds ``z ∈ dom f_σ``.
 
@@ -26,11 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 import scipy.optimize as so
 import torch
 
+from convex_eq.affine import as_affine
 from convex_eq.errors import ConvexEqError, ShapeError
 from convex_eq.objective import Objective
+from convex_eq.symbols import State
 from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import activation_box
 
@@ -54,11 +62,68 @@ class Block:
 
 @dataclass
 class Dual:
-    """State ``z = s Mᵀ y`` lifted to the dual block ``y`` (``M``: m × n)."""
+    """State ``z = s Mᵀ y`` lifted to the dual block ``y`` (``M``: m × n); ``act`` and ``q``
+    (evaluated at the sample, None when absent or not a function of the inputs alone) define
+    the inner problem of ``ψ*`` that determines ``y`` from ``z`` (:meth:`argmin`)."""
 
     block: str
     M: np.ndarray
     s: float
+    act: Any = None
+    q: np.ndarray | None = None
+    q_known: bool = True
+
+    def argmin(self, z: np.ndarray) -> np.ndarray | None:
+        """``y(z) = argmin{Σσ̃*(y) − <q, y> : Mᵀy = z/s}``, unique (``σ̃*`` strictly convex), by
+        its Fenchel dual: ``y = σ(Mv + q)`` with ``v`` minimizing the smooth convex
+        ``Σσ̃(Mv + q) − <v, z/s>`` (Newton from ``v = z``, exact at a fixed point
+        ``z = sMᵀσ(Mz + q)``); any ``v`` with ``Mᵀσ(Mv + q) = z/s`` makes ``σ(Mv + q)`` a KKT
+        point, so the result is accepted only at constraint residual ≤ 1e-12·max(1, ||z/s||).
+        None when no such ``v`` is found (``z`` outside ``dom ψ*``, or ``q`` unknown)."""
+        if self.act is None or not self.q_known:
+            return None
+        m = torch.as_tensor(self.M, dtype=T64)
+        q = torch.zeros(m.shape[0], dtype=T64) if self.q is None else torch.as_tensor(self.q)
+        t = torch.as_tensor(np.asarray(z, dtype=np.float64).reshape(-1) / self.s)
+        tol = 1e-12 * max(1.0, float(t.norm()))
+        v = t * self.s
+
+        def dual(v: torch.Tensor) -> float:
+            return float(self.act.antiderivative(m @ v + q).sum() - v @ t)
+
+        with torch.no_grad():
+            for _ in range(100):
+                u = m @ v + q
+                g = m.T @ self.act.sigma(u) - t
+                if not bool(torch.isfinite(g).all()):
+                    return None
+                if float(g.norm()) <= tol:
+                    break
+                h = m.T @ (self.act.sigma_prime(u)[:, None] * m)
+                step = torch.linalg.lstsq(h + 1e-14 * torch.eye(h.shape[0], dtype=T64),
+                                          g[:, None]).solution[:, 0]
+                f0, a = dual(v), 1.0
+                while a > 1e-12 and not dual(v - a * step) <= f0 - 1e-4 * a * float(g @ step):
+                    a *= 0.5
+                v = v - a * step
+            y = self.act.sigma(m @ v + q)
+            if not float((m.T @ y - t).norm()) <= tol * 10:
+                return None
+        return y.numpy().copy()
+
+
+@dataclass
+class Substitution:
+    """State ``z = M⁺(y − c) + N w`` lifted to ``y = Mz + c`` (a box) and ``w = Nᵀz`` (free;
+    absent when ``M`` is square), ``M``: m × n of full row rank, ``N``: orthonormal basis of
+    ``ker M``; ``term`` is the term whose domain box ``y`` carries."""
+
+    block: str
+    null_block: str | None
+    M: np.ndarray
+    c: np.ndarray
+    N: np.ndarray
+    term: Any
 
 
 @dataclass
@@ -82,6 +147,8 @@ class LiftedProblem:
     contributions: list[Callable[[V], torch.Tensor]] = field(default_factory=list)
     state_fns: dict[str, Callable[[V], torch.Tensor]] = field(default_factory=dict)
     duals: dict[str, Dual] = field(default_factory=dict)
+    #: states lifted to ``y = Mz + c`` (a term's domain box in an affine argument)
+    substitutions: dict[str, Substitution] = field(default_factory=dict)
     top_states: list[str] = field(default_factory=list)
     n: int = 0
     coupled: bool = False
@@ -215,20 +282,29 @@ class LiftedProblem:
 
     def lift_point(self, z: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """A free vector ``v`` with the given top-level states (None if it is not determined
-        by them: auxiliary envelope blocks, or a dual ``y`` with ``Mᵀ`` not injective)."""
+        by them: auxiliary envelope blocks; a dual ``y`` with ``Mᵀ`` not injective is the
+        inner argmin of ``ψ*`` at the state, :meth:`Dual.argmin`)."""
         v = np.zeros(self.n)
         for b in self.blocks:
             if b.origin == "state" and b.of in z:
                 v[b.sl] = np.asarray(z[b.of], dtype=np.float64).reshape(-1)
             elif b.origin == "dual" and b.of in z:
                 d = self.duals[b.of]
-                if np.linalg.matrix_rank(d.M) < d.M.shape[0]:
-                    return None
+                if np.linalg.matrix_rank(d.M) < d.M.shape[0]:  # y not linear in z
+                    y = d.argmin(np.asarray(z[b.of], dtype=np.float64))
+                    if y is None:
+                        return None
+                    v[b.sl] = y
+                    continue
                 target = np.asarray(z[b.of], dtype=np.float64).reshape(-1) / d.s
                 y, *_ = np.linalg.lstsq(d.M.T, target, rcond=None)
                 if np.linalg.norm(d.M.T @ y - target) > 1e-9 * max(1.0, np.linalg.norm(target)):
                     return None
                 v[b.sl] = y
+            elif b.origin == "subst" and b.of in z:
+                sub = self.substitutions[b.of]
+                zz = np.asarray(z[b.of], dtype=np.float64).reshape(-1)
+                v[b.sl] = sub.M @ zz + sub.c if b.name == sub.block else sub.N.T @ zz
             else:
                 return None
         # round-off outside a closed bound (e.g. -1e-17 for a ReLU state) is clipped; a real
@@ -268,6 +344,7 @@ class BatchLifted(LiftedProblem):
     def __init__(self, per_sample: LiftedProblem, batch: int):
         super().__init__(blocks=per_sample.blocks, contributions=per_sample.contributions,
                          state_fns=per_sample.state_fns, duals=per_sample.duals,
+                         substitutions=per_sample.substitutions,
                          top_states=per_sample.top_states, n=per_sample.n * batch,
                          coupled=False, prox_terms=per_sample.prox_terms,
                          nonsmooth=per_sample.nonsmooth, env=per_sample.env)
@@ -376,7 +453,14 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
             blk = p.add_block(f"{name}__y", m.shape[0], lo, hi, "dual", name)
             mt = torch.as_tensor(m, dtype=T64)
             p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
-            p.duals[name] = Dual(blk.name, m, c.s)
+            try:  # q at this sample (inputs and weights only), for Dual.argmin
+                qv = None if c.q is None else c.q.evaluate(dict(inputs), env).to(T64)
+                qn, known = (None if qv is None else qv.reshape(-1).numpy().copy()), True
+            except (ConvexEqError, KeyError):
+                qn, known = None, False
+            p.duals[name] = Dual(blk.name, m, c.s, c.act, qn, known)
+            continue
+        if not alias and _substitute(p, obj, s, name, inputs, env):
             continue
         lo = np.full(s.size, -np.inf)
         hi = np.full(s.size, np.inf)
@@ -389,8 +473,25 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
         p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
     values = _values_fn(p, obj, alias, inputs)
     p.coupled = p.coupled or any(getattr(t, "batch_coupled", False) for t in obj.terms)
+    subst_terms = {id(sub.term): sub for sub in p.substitutions.values()}
     for t in obj.terms:
-        if t.lift_role == "dual" and t.coef(env) > 0 and \
+        if id(t) in subst_terms:  # evaluated at its own block y = Mz + c (exactly in its box)
+            sub = subst_terms[id(t)]
+            y_sym = State(f"{sub.block}__arg", sub.M.shape[0])
+            ty = t.with_args([as_affine(y_sym)])
+
+            def subst_val(parts: V, ty: Any = ty, y: str = y_sym.name, b: str = sub.block
+                          ) -> torch.Tensor:
+                return scale * ty.value({y: parts[b]}, env)
+
+            separable = ty.lift_prox if ty.lift_prox is not None else getattr(ty, "separable",
+                                                                              False)
+            if (not ty.smooth and separable and ty.has_prox and scale == 1.0
+                    and sub.block not in p.prox_terms):
+                p.prox_terms[sub.block] = ty
+                p.nonsmooth.add(len(p.contributions))
+            p.contributions.append(subst_val)
+        elif t.lift_role == "dual" and t.coef(env) > 0 and \
                 alias.get(t.state.name, t.state.name) in p.duals:
             d = p.duals[alias.get(t.state.name, t.state.name)]
             c = scale * t.coef(env) * t.s
@@ -433,6 +534,61 @@ def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: f
                 p.prox_terms[blk] = t
                 p.nonsmooth.add(len(p.contributions))
             p.contributions.append(term_val)
+
+
+def _affine_domain(t: Any, s: Any, env: Any) -> tuple[np.ndarray, Any, Any] | None:
+    """``(M, c, box)`` if ``t``'s domain is the box ``box`` in its one argument ``u = Mz + c``
+    with ``u`` not the bare state ``s`` (``c``: the affine offset of inputs/weights, or None)."""
+    if len(t.args) != 1 or t.prox_state is not None or t.lift_role != "value":
+        return None
+    u = t.args[0]
+    if u.states() != [s] or any(e.symbol.kind not in ("state", "input", "weight", "constant")
+                                for e in u.entries):
+        return None
+    box = t.domain_box(u.size, env)
+    if box is None or not (np.isfinite(box[0]).any() or np.isfinite(box[1]).any()):
+        return None
+    return u.matrix(s, env), u.offset_part, box
+
+
+def _substitute(p: LiftedProblem, obj: Objective, s: Any, name: str, inputs: V, env: Any
+                ) -> bool:
+    """Lift state ``s`` to ``y = Mz + c`` (and ``w = Nᵀz``) when exactly one term constrains it
+    through a box in an affine argument of full row rank and no term boxes ``z`` itself;
+    False (nothing added) otherwise."""
+    if any(t.prox_state is s and t.domain_box(s.size, env) is not None for t in obj.terms):
+        return False
+    found = [(t, d) for t in obj.terms if (d := _affine_domain(t, s, env)) is not None]
+    if len(found) != 1:
+        return False
+    t, (m, off, (lo, hi)) = found[0]
+    if m.shape[0] > m.shape[1] or np.linalg.matrix_rank(m) < m.shape[0]:
+        return False  # {Mz + c ∈ box} is not a box in any coordinates of z
+    rows = next(iter(inputs.values())).shape[0] if inputs else 1
+    if off is None:
+        c = np.zeros(m.shape[0])
+    else:
+        with torch.no_grad():
+            cv = off.evaluate(dict(inputs), env).to(T64).reshape(-1, m.shape[0])
+        if cv.shape[0] != 1 or rows != 1:
+            return False  # one sample at a time
+        c = cv[0].numpy().copy()
+    null = scipy.linalg.null_space(m) if m.shape[0] < m.shape[1] else np.zeros((m.shape[1], 0))
+    yb = p.add_block(f"{name}__Mz", m.shape[0], lo, hi, "subst", name)
+    wb = (p.add_block(f"{name}__kerM", null.shape[1], np.full(null.shape[1], -np.inf),
+                      np.full(null.shape[1], np.inf), "subst", name) if null.shape[1] else None)
+    pinv_t = torch.as_tensor(np.linalg.pinv(m).T, dtype=T64)
+    null_t = torch.as_tensor(null.T, dtype=T64)
+    c_t = torch.as_tensor(c, dtype=T64)
+
+    def z_of(parts: V, y: str = yb.name, w: str | None = None if wb is None else wb.name
+             ) -> torch.Tensor:
+        z = (parts[y] - c_t) @ pinv_t  # z = M⁺(y − c) + N w
+        return z if w is None else z + parts[w] @ null_t
+
+    p.state_fns[name] = z_of
+    p.substitutions[name] = Substitution(yb.name, None if wb is None else wb.name, m, c, null, t)
+    return True
 
 
 # ---------------------------------------------------------------------- minimization
@@ -535,6 +691,24 @@ def fd_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return 0.5 * (h + h.T)
 
 
+def exact_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+    """Hessian of ``F`` on coordinates ``idx`` by autograd (the one-sided second derivative of
+    a piecewise-quadratic term at ``v`` itself: central differences straddle a kink closer than
+    their step, e.g. ``σ̃*`` of leaky ReLU at ``y ≈ 0``, and Newton then stalls); None where
+    it is not finite."""
+    vt = torch.as_tensor(np.asarray(v, dtype=np.float64))
+    it = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+
+    def f(u: torch.Tensor) -> torch.Tensor:
+        return p.value_t(vt.index_put((it,), u))
+
+    try:
+        h = torch.autograd.functional.hessian(f, vt[it]).detach().numpy()
+    except RuntimeError:
+        return None
+    return 0.5 * (h + h.T) if np.all(np.isfinite(h)) else None
+
+
 def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.ndarray, int]:
     """Projected Newton steps on the free coordinates while the projected gradient decreases."""
     f, g = p.fun_grad(v)
@@ -554,7 +728,8 @@ def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.
         free = np.where(~fixed)[0]
         if free.size == 0:
             break
-        hess = fd_hessian(p, v, free)
+        hess = exact_hessian(p, v, free) if free.size <= 64 else None
+        hess = fd_hessian(p, v, free) if hess is None else hess
         w, q = np.linalg.eigh(hess)
         w = np.maximum(np.abs(w), 1e-10 * max(1.0, float(np.abs(w).max())))
         d = np.zeros_like(v)

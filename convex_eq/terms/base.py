@@ -125,6 +125,12 @@ class Term:
         numpy arrays; open ends moved inside by 1e-12), or None when it constrains nothing."""
         return None
 
+    def input_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``(text, LaTeX)`` definitions of parameters the term computes per sample from the
+        inputs only (never a state), e.g. a bandwidth ``γ(x)``; the objective is then fixed per
+        sample and lowering states them as a derivation step.  ``()`` by default."""
+        return ()
+
     def __init__(self, *args: Any):
         self.args: list[Affine] = [as_affine(a) for a in args]
         self.scale: float = 1.0

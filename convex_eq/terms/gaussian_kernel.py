@@ -37,21 +37,39 @@ the Hessian is block diagonal over the disjoint patches, with blocks
 ``Lip(∇_r S) ≤ ||W_h||₂²`` (and the base multiplies by ``||∂r/∂z||₂²``).  One argument (rather
 than ``[q, wz]``) keeps this bound valid even if ``q`` also depends on a state: with two
 arguments the joint Hessian ``[[Hs, -Hs], [-Hs, Hs]]`` has twice the norm.
+
+Input-dependent bandwidth ``γ(x)`` (``gamma=InputBandwidth(c, statistic)``, docs/theory.md §3.1):
+
+    ``γ(x) = c / max(m(x), floor)``,  ``m(x) = stat_i ||q̃_i W_h||²``  (``W_h = I``, one patch,
+    for the whole kernel), ``stat`` ∈ {min, median, mean} over the patches of ``q`` only.
+
+GEQ's own rule, ``γ = 0.2 / min_i ||(x̃_i − z̃_i)W_h||²``, reads the state: with ``γ(z)`` the
+expression ``(1/(2γ(z)))Σ e^{−γ(z)||·||²}`` is still a function of ``z``, but the layer
+``σ(e^{−γ||r||²}Wᵀr)`` is no longer its stationarity map (``∇γ(z)`` terms are missing), so the
+fixed point is not a stationary point of any stated objective; that rule is refused
+(``InputBandwidth(of="residual")`` raises ``OptionError``).  ``γ(x)`` is GEQ's rule evaluated
+at ``z = 0`` (the solvers' start): it depends on the sample only, so ``G(·; x)`` is one fixed
+objective per sample, the lowering holds sample by sample, and neither the contraction bound
+(``Lip(∇_r S) ≤ ||W_h||₂²`` for every ``γ > 0``) nor the claim depend on its value.  The term
+then has a second argument ``q`` (no state): ``∂S/∂q`` at fixed ``r`` is
+``(∂S/∂γ)(∂γ/∂q)``, ``∂S/∂γ = −(1/(2γ)) Σ_i e^{−γ n_i}(1/γ + n_i)``, ``n_i = ||r̃_i W_h||²``, and
+``∂γ/∂q = −(c/m²)·∂m/∂q`` (0 where the floor is active), ``∂||q̃_i W_h||²/∂q̃_i = 2q̃_i W_h W_hᵀ``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..affine import Affine, as_affine
-from ..errors import NotDCPError, ScaleError, ShapeError
+from ..errors import NotDCPError, OptionError, ScaleError, ShapeError
 from ..export import ExportContext
 from ..symbols import Constant, Env, Scalar, Symbol, Weight
-from .base import Curvature, Term, require_states, single_arg
+from .base import Curvature, Term, require_states
 
 _REASON = "Gaussian kernel term is neither convex nor concave"
 
@@ -63,14 +81,130 @@ def _as_symbol(x: Any, prefix: str) -> Symbol:
     return as_symbol(x, prefix=prefix)
 
 
-class _GammaMixin:
-    """Shared handling of the bandwidth ``γ > 0`` (float or Scalar)."""
+_STATISTICS = ("min", "median", "mean")
 
-    gamma: float | Scalar
+
+@dataclass(frozen=True)
+class InputBandwidth:
+    """``γ(x) = c / max(stat_i ||q̃_i W_h||², floor)``: a bandwidth from the input part ``q`` of
+    the kernel's argument, per sample (module docstring; docs/theory.md §3.1).
+
+    ``statistic="min"`` is GEQ's rule ``γ = 0.2/min_i||(x̃_i − z̃_i)W_h||²`` at ``z = 0``;
+    ``"median"`` the median heuristic over the patches.  ``of="residual"`` (the rule on
+    ``q − Wz``, which reads the state) is refused: the layer would not be the stationarity map
+    of any objective."""
+
+    c: float = 0.2
+    statistic: str = "min"
+    floor: float = 1e-12
+    of: str = "input"
+
+    def __post_init__(self) -> None:
+        if self.of == "residual":
+            raise OptionError(
+                "a bandwidth γ(z) computed from the residual q − Wz depends on the state: "
+                "σ(e^{−γ||r||²}Wᵀr) is then not ∇ of (1/(2γ(z)))e^{−γ(z)||r||²} (the ∇γ(z) terms "
+                "are missing), so the equilibrium is a stationary point of no stated objective",
+                term="InputBandwidth", hint="use of='input' (GEQ's rule at z = 0: one fixed "
+                "objective per sample) or a fixed γ")
+        if self.of != "input":
+            raise OptionError(f"of={self.of!r} is not a bandwidth source", term="InputBandwidth",
+                              hint="of='input'")
+        if self.statistic not in _STATISTICS:
+            raise OptionError(f"statistic {self.statistic!r} is not one of {_STATISTICS}",
+                              term="InputBandwidth", hint="statistic='min' or 'median'")
+        if not (math.isfinite(self.c) and self.c > 0 and math.isfinite(self.floor)
+                and self.floor > 0):
+            raise ScaleError(f"c = {self.c:g} and floor = {self.floor:g} must be positive and "
+                             "finite", term="InputBandwidth")
+
+    def gamma(self, m: torch.Tensor) -> torch.Tensor:
+        """``γ = c / max(m, floor)`` from the per-sample statistic ``m`` ``(B,)``."""
+        return self.c / m.clamp_min(self.floor)
+
+    def statistic_of(self, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(m, ∂m/∂n)`` for per-patch squared norms ``n`` ``(B, P)``: the statistic and its
+        (a.e.) derivative weights over the patches."""
+        if self.statistic == "mean":
+            return n.mean(dim=-1), torch.full_like(n, 1.0 / n.shape[-1])
+        m, idx = (n.min(dim=-1) if self.statistic == "min" else n.median(dim=-1))
+        return m, torch.zeros_like(n).scatter_(-1, idx[:, None], 1.0)
+
+    def text(self, q: Any, wh: str | None) -> str:
+        """``γ(x) = c/max(stat_i ||[q]_i W_h||², floor)`` as text."""
+        pw = "" if wh is None else f" {wh}"
+        arg = f"||[{q}]_i{pw}||²" if wh is not None else f"||{q}||²"
+        stat = f"{self.statistic}_i " if wh is not None else ""
+        return f"γ(x) = {self.c:g}/max({stat}{arg}, {self.floor:g})"
+
+    def latex(self, q: Any, wh: str | None) -> str:
+        """LaTeX of :meth:`text`."""
+        pw = "" if wh is None else f"\\, {wh}"
+        arg = f"\\|[{q}]_i{pw}\\|^2" if wh is not None else f"\\|{q}\\|^2"
+        stat = f"\\operatorname{{{self.statistic}}}_i " if wh is not None else ""
+        return (f"\\gamma(x) = \\frac{{{self.c:g}}}{{\\max({stat}{arg},\\ "
+                f"{self.floor:g})}}")
+
+
+class _GammaMixin:
+    """Shared handling of the bandwidth ``γ > 0`` (float, Scalar or an ``InputBandwidth``)."""
+
+    gamma: float | Scalar | InputBandwidth
+    args: list[Affine]
+
+    @property
+    def input_gamma(self) -> InputBandwidth | None:
+        """The ``InputBandwidth`` rule when ``γ = γ(x)``, else None."""
+        return self.gamma if isinstance(self.gamma, InputBandwidth) else None
+
+    def _input_part(self, q: Affine | None) -> Affine:
+        """``q`` of ``r = q − Wz`` for an input bandwidth (a ``ShapeError`` if absent or if it
+        reads a state)."""
+        if q is None or q.states():
+            raise ShapeError(
+                "an input bandwidth γ(x) needs the input part q of r = q − Wz free of states "
+                f"(got {'no offset' if q is None else str(q)})", term=self._name(),
+                hint="write r as (U x + b) − W z, or give a fixed γ")
+        return q
+
+    def _patch_norms(self, v: torch.Tensor, env: Env | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(n, y)``: per-patch ``n_i = ||ṽ_i W_h||²`` ``(B, P)`` and ``y_i = ṽ_i W_h``."""
+        return (v * v).sum(dim=-1, keepdim=True), v[:, None, :]
+
+    def _unpatch_grad(self, g: torch.Tensor, env: Env | None) -> torch.Tensor:
+        """Per-patch ``2 y_i`` back-mapped to the flat layout (``∂n_i/∂v`` contracted)."""
+        return g[:, 0, :]
+
+    def _gamma_at(self, us: list[torch.Tensor], env: Env | None) -> Any:
+        """``γ``: a float, or ``(B, 1)`` from the evaluated input part ``us[1]``."""
+        ib = self.input_gamma
+        if ib is None:
+            return self.gamma_value(env)
+        n, _ = self._patch_norms(us[1], env)
+        m, _ = ib.statistic_of(n)
+        return ib.gamma(m)[:, None]
+
+    def _q_grad(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``∂S/∂q`` at fixed ``r`` (module docstring): ``(∂S/∂γ)(∂γ/∂q)``."""
+        ib = self.input_gamma
+        assert ib is not None
+        nq, yq = self._patch_norms(us[1], env)
+        m, w = ib.statistic_of(nq)
+        gam = ib.gamma(m)[:, None]  # (B, 1)
+        nr, _ = self._patch_norms(us[0], env)
+        ds_dg = -(torch.exp(-gam * nr) * (1.0 / gam + nr)).sum(dim=-1, keepdim=True) / (2 * gam)
+        active = (m > ib.floor).to(m.dtype)[:, None]
+        dg_dm = -active * gam * gam / ib.c  # −c/m² = −γ²/c where m > floor
+        dm_dq = self._unpatch_grad(2.0 * w[..., None] * yq, env)
+        return ds_dg * dg_dm * dm_dq
 
     def gamma_value(self, env: Env | None = None) -> float:
-        """Current ``γ`` (ScaleError naming the term unless positive and finite)."""
+        """Current ``γ`` (ScaleError naming the term unless positive and finite); an input
+        bandwidth has no single value (a ``ScaleError`` that says so)."""
         g = self.gamma
+        if isinstance(g, InputBandwidth):
+            raise ScaleError("γ = γ(x) depends on the sample: it has no single value",
+                             term=str(self), hint="read it per sample from the term's value")
         v = g.check(float(g.resolve(env)), term=str(self)) if isinstance(g, Scalar) else float(g)
         if not (math.isfinite(v) and v > 0):
             raise ScaleError(f"γ = {v:g} must be positive", term=str(self),
@@ -79,9 +213,21 @@ class _GammaMixin:
 
     def _gamma_str(self, latex: bool) -> str:
         g = self.gamma
+        if isinstance(g, InputBandwidth):
+            return "\\gamma(x)" if latex else "γ(x)"
         if isinstance(g, Scalar):
             return g.latex() if latex else g.name
         return f"{float(g):g}"
+
+    def _labelled(self, kind: str) -> str:
+        """``kind``, with the definitions of the input parameters (a certificate built from the
+        labels then names every symbol the terms print)."""
+        defs = "; ".join(text for text, _ in self.input_parameters())
+        return kind if not defs else f"{kind} [{defs}, per sample, from the input only]"
+
+    def _reason(self) -> str:
+        """Why the term is not convex."""
+        return _REASON
 
     def _gamma_symbols(self, out: list[Symbol]) -> list[Symbol]:
         if isinstance(self.gamma, Scalar) and all(self.gamma is not o for o in out):
@@ -98,50 +244,74 @@ class _GammaMixin:
 class GaussianKernel(_GammaMixin, Term):
     """``S(r) = (1/(2γ)) exp(-γ||r||²)``; ``∇_r S = -e^{-γ||r||²} r``, ``Lip(∇_r S) = 1``."""
 
-    label = "Gaussian kernel"
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        """"Gaussian kernel", with the definition of ``γ(x)`` when it is input-dependent."""
+        return self._labelled("Gaussian kernel")
     base_curvature = "unknown"
     smooth = True
 
-    def __init__(self, r: Any, gamma: float | Scalar = 1.0):
+    def __init__(self, r: Any, gamma: float | Scalar | InputBandwidth = 1.0):
         self.gamma = gamma
-        super().__init__(r)
-        self.gamma_value(None)
+        r = as_affine(r)
+        self._r_text = str(r)
+        if isinstance(gamma, InputBandwidth):  # second argument q: γ(x) is read from it
+            super().__init__(r, self._input_part(r.offset_part))
+        else:
+            super().__init__(r)
+            self.gamma_value(None)
+
+    def _name(self) -> str:
+        return f"GaussianKernel({self._r_text})"
 
     def check_shapes(self) -> None:
         """The argument ``r`` must involve a state."""
-        require_states(self.args, str(self))
+        require_states(self.args[:1], self._name())
 
     def symbols(self) -> list[Symbol]:
         """The argument's symbols and ``γ`` when it is a ``Scalar``."""
         return self._gamma_symbols(super().symbols())
 
+    def input_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``γ(x)`` with its definition (text, LaTeX) when the bandwidth is input-dependent."""
+        ib = self.input_gamma
+        if ib is None:
+            return ()
+        q = self.args[1]
+        return ((ib.text(q, None), ib.latex(q.latex(), None)),)
+
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
         """``S(r) = (1/(2γ)) exp(−γ||r||²)`` per sample."""
-        g = self.gamma_value(env)
+        g = self._gamma_at(us, env)
         r = us[0]
+        if isinstance(g, torch.Tensor):
+            g = g[:, 0]
         return torch.exp(-g * (r * r).sum(dim=-1)) / (2.0 * g)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
-        """``∇_r S = −e^{−γ||r||²} r``."""
-        g = self.gamma_value(env)
+        """``∇_r S = −e^{−γ||r||²} r`` (and ``∂S/∂q`` through ``γ(x)``, module docstring)."""
+        g = self._gamma_at(us, env)
         r = us[0]
-        return [-torch.exp(-g * (r * r).sum(dim=-1, keepdim=True)) * r]
+        gr = -torch.exp(-g * (r * r).sum(dim=-1, keepdim=True)) * r
+        return [gr] if self.input_gamma is None else [gr, self._q_grad(us, env)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
-        """``Lip(∇_r S) = 1`` (the Hessian's eigenvalues lie in ``[−1, 2e^{−3/2}]``)."""
-        return [1.0]
+        """``Lip(∇_r S) = 1`` for every ``γ > 0`` (the Hessian's eigenvalues lie in
+        ``[−1, 2e^{−3/2}]``); ``q`` holds no state."""
+        return [1.0] if self.input_gamma is None else [1.0, 0.0]
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
         """Printable gradient ``−exp(−γ||r||²)·r`` (for derivations)."""
-        r = single_arg(self)
+        r = self.args[0]
         g = self._gamma_str(latex)
+        extra: list[str | None] = [] if self.input_gamma is None else [None]
         if latex:
-            return [f"-e^{{-{g}\\|{r.latex()}\\|^2}}({r.latex()})"]
-        return [f"-exp(-{g}·||{r}||²)·({r})"]
+            return [f"-e^{{-{g}\\|{r.latex()}\\|^2}}({r.latex()})", *extra]
+        return [f"-exp(-{g}·||{r}||²)·({r})", *extra]
 
     def raw_curvature(self) -> Curvature:
         """Unknown: the Gaussian kernel is neither convex nor concave (docs/theory.md §3 row 2)."""
-        return Curvature("unknown", reason=_REASON)
+        return Curvature("unknown", reason=self._reason())
 
     def export(self, ctx: ExportContext) -> None:
         """Refused with a ``NotDCPError``: the Gaussian kernel is not convex (local reference)."""
@@ -150,13 +320,13 @@ class GaussianKernel(_GammaMixin, Term):
     def raw_latex(self) -> str:
         """LaTeX of ``(1/(2γ))exp(−γ||r||²)`` (without the coefficient)."""
         g = self._gamma_str(True)
-        two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
-        return f"\\frac{{1}}{{{two_g}}} e^{{-{g}\\|{single_arg(self).latex()}\\|^2}}"
+        two_g = f"2 \\cdot {g}" if isinstance(self.gamma, float | int) else f"2{g}"
+        return f"\\frac{{1}}{{{two_g}}} e^{{-{g}\\|{self.args[0].latex()}\\|^2}}"
 
     def raw_str(self) -> str:
         """Plain-text formula ``(1/(2γ))exp(−γ||r||²)`` (without the coefficient)."""
         g = self._gamma_str(False)
-        return f"exp(-{g}·||{single_arg(self)}||²)/(2·{g})"
+        return f"exp(-{g}·||{self.args[0]}||²)/(2·{g})"
 
 
 class PatchGaussianKernel(_GammaMixin, Term):
@@ -170,7 +340,10 @@ class PatchGaussianKernel(_GammaMixin, Term):
     ``image_shape`` is ``(C, H, W)`` (or ``(H, W)`` for one channel); ``None`` takes the shape of
     the first 3-d state/input symbol of ``q``/``wz``."""
 
-    label = "patch Gaussian kernel"
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        """"patch Gaussian kernel", with the definition of ``γ(x)`` when input-dependent."""
+        return self._labelled("patch Gaussian kernel")
     base_curvature = "unknown"
     smooth = True
 
@@ -190,8 +363,11 @@ class PatchGaussianKernel(_GammaMixin, Term):
                 f"q has size {self.q.size} but Wz has size {self.wz.size}",
                 term=self._name(), hint="q and W z must both be images of shape (C, H, W)",
             )
-        super().__init__(self.q - self.wz)
-        self.gamma_value(None)
+        if isinstance(gamma, InputBandwidth):  # second argument q: γ(x) is read from it
+            super().__init__(self.q - self.wz, self._input_part(self.q))
+        else:
+            super().__init__(self.q - self.wz)
+            self.gamma_value(None)
 
     def _name(self) -> str:
         return f"PatchGaussianKernel({self.q}, {self.wz})"
@@ -230,10 +406,10 @@ class PatchGaussianKernel(_GammaMixin, Term):
     def check_shapes(self) -> None:
         """The image shape matches the argument and the patches tile it (a ``ShapeError``
         otherwise)."""
-        require_states(self.args, str(self))
+        require_states(self.args[:1], self._name())
         c, h, w = self.image_shape
         (ph, pw), cs = self.patch_hw, self.channel_split
-        n = single_arg(self).size
+        n = self.args[0].size
         if c * h * w != n:
             raise ShapeError(
                 f"image_shape {self.image_shape} has {c * h * w} entries, q - Wz has {n}",
@@ -286,28 +462,50 @@ class PatchGaussianKernel(_GammaMixin, Term):
         t = g.reshape(b, c // cs, h // ph, w // pw, cs, ph, pw).permute(0, 1, 4, 2, 5, 3, 6)
         return t.reshape(b, c * h * w)
 
+    def input_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``γ(x)`` with its definition (text, LaTeX) when the bandwidth is input-dependent."""
+        ib = self.input_gamma
+        if ib is None:
+            return ()
+        q = self.args[1]
+        return ((ib.text(q, self.W_h.name), ib.latex(q.latex(), self.W_h.latex())),)
+
+    def _patch_norms(self, v: torch.Tensor, env: Env | None) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.patches(v) @ self._wh(env, v)  # (B, P, h)
+        return (y * y).sum(dim=-1), y
+
+    def _unpatch_grad(self, g: torch.Tensor, env: Env | None) -> torch.Tensor:
+        return self.unpatch(g @ self._wh(env, g).transpose(0, 1))
+
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
         """``(1/(2γ)) Σ_i exp(−γ||r̃_i W_h||²)`` over the patches ``r̃_i`` of ``r``."""
-        g = self.gamma_value(env)
-        y = self.patches(us[0]) @ self._wh(env, us[0])
-        return torch.exp(-g * (y * y).sum(dim=-1)).sum(dim=-1) / (2.0 * g)
+        g = self._gamma_at(us, env)
+        n, _ = self._patch_norms(us[0], env)
+        out = torch.exp(-g * n).sum(dim=-1)
+        return out / (2.0 * (g[:, 0] if isinstance(g, torch.Tensor) else g))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
-        """Patches ``−e^{−γ||r̃_i W_h||²} r̃_i W_h W_hᵀ`` scattered back (docs/theory.md §3 row 3)."""
-        g = self.gamma_value(env)
+        """Patches ``−e^{−γ||r̃_i W_h||²} r̃_i W_h W_hᵀ`` scattered back (docs/theory.md §3 row 3);
+        with ``γ(x)`` also ``∂S/∂q`` (module docstring)."""
+        g = self._gamma_at(us, env)
+        if isinstance(g, torch.Tensor):
+            g = g[:, :, None]  # (B, 1, 1) against the (B, P, 1) patch norms
         wh = self._wh(env, us[0])
         y = self.patches(us[0]) @ wh  # (B, P, h)
         e = torch.exp(-g * (y * y).sum(dim=-1, keepdim=True))
-        return [self.unpatch(-e * (y @ wh.transpose(0, 1)))]
+        gr = self.unpatch(-e * (y @ wh.transpose(0, 1)))
+        return [gr] if self.input_gamma is None else [gr, self._q_grad(us, env)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
-        """``||W_h||₂²`` (block-diagonal Hessian over disjoint patches)."""
+        """``||W_h||₂²`` (block-diagonal Hessian over disjoint patches) for every ``γ > 0``;
+        ``q`` holds no state."""
         wh = self.W_h.resolve(env).detach().cpu().numpy().astype(np.float64)
-        return [float(np.linalg.norm(wh, 2)) ** 2]
+        lip = float(np.linalg.norm(wh, 2)) ** 2
+        return [lip] if self.input_gamma is None else [lip, 0.0]
 
     def raw_curvature(self) -> Curvature:
         """Unknown: the patch Gaussian kernel is neither convex nor concave."""
-        return Curvature("unknown", reason=_REASON)
+        return Curvature("unknown", reason=self._reason())
 
     def export(self, ctx: ExportContext) -> None:
         """Refused with a ``NotDCPError``: the kernel is not convex (local reference)."""
@@ -316,14 +514,14 @@ class PatchGaussianKernel(_GammaMixin, Term):
     def raw_latex(self) -> str:
         """LaTeX of ``(1/(2γ))Σ_i exp(−γ||r̃_i W_h||²)`` (without the coefficient)."""
         g = self._gamma_str(True)
-        two_g = f"2{g}" if isinstance(self.gamma, Scalar) else f"2 \\cdot {g}"
-        r = single_arg(self).latex()
+        two_g = f"2 \\cdot {g}" if isinstance(self.gamma, float | int) else f"2{g}"
+        r = self.args[0].latex()
         return (f"\\frac{{1}}{{{two_g}}} \\sum_i e^{{-{g}\\|[{r}]_i\\, {self.W_h.latex()}\\|^2}}")
 
     def raw_str(self) -> str:
         """Plain-text formula ``(1/(2γ))Σ_i exp(−γ||r̃_i W_h||²)`` (without the coefficient)."""
         g = self._gamma_str(False)
-        return (f"Σ_i exp(-{g}·||[{single_arg(self)}]_i {self.W_h.name}||²)/(2·{g})"
+        return (f"Σ_i exp(-{g}·||[{self.args[0]}]_i {self.W_h.name}||²)/(2·{g})"
                 f" [{self._patch_text()} patches of {self.image_shape}]")
 
     def _patch_text(self) -> str:

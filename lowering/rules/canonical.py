@@ -44,6 +44,20 @@ class CanonicalPayload(Payload):
     potentials: dict[str, Potential]
 
 
+@dataclass(frozen=True)
+class _Defined:
+    """A definition written once as text and once as LaTeX (a formula part for the printer)."""
+
+    plain: str
+    tex: str
+
+    def text(self) -> str:
+        return self.plain
+
+    def latex(self) -> str:
+        return self.tex
+
+
 def _interval_potential(act: Activation) -> bool:
     """f_σ is the indicator of an interval (or 0): σ is the projection onto it."""
     return act.name in ("relu", "hardtanh", "clamp", "identity")
@@ -121,6 +135,12 @@ def lower(m: CanonicalMatch) -> DerivedLayer:
         "S differentiable (gradient rules of its terms)",
         ("G = ", obj), ("S(z) = ", s_obj if s_obj is not None else "0"),
     )]
+    steps += [Step(
+        "input-dependent parameter (fixed per sample)",
+        "it reads the input only, never z: G(·; x) is one fixed objective for each sample, so "
+        "the steps below and the claim hold sample by sample; Lip(∇S) does not depend on it",
+        t, _Defined(text, tex),
+    ) for t in rest for text, tex in t.input_parameters()]
     for b in blocks:
         grad = GradSum(rest, b, sign=-1.0)
         act = m.potentials[b.name].act

@@ -1,0 +1,173 @@
+"""The shared training loop of the demo and the MNIST-1D table.
+
+Adam on the cross-entropy with a cosine learning-rate schedule, minibatches drawn from a seeded
+generator, optional shift augmentation (the same for every model); per epoch it logs the mean
+loss, the accuracy on the held-out part and, for an
+:class:`~lowering.classifier.EquilibriumClassifier`, the forward and backward solver statistics
+(:class:`~lowering.classifier.StatsMeter`).  Convergence warnings of the equilibrium layers are
+counted from those statistics, not printed per step.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from convex_eq.errors import ConvergenceWarning, OptionError
+from lowering.classifier import EquilibriumClassifier, StatsMeter
+
+from .data import Dataset, random_shift
+
+
+@dataclass
+class TrainConfig:
+    """Optimiser, schedule and budget; ``shift``: shift augmentation of ±``shift`` positions
+    along the last axis (0 = off); ``device``: where the model and data live."""
+
+    epochs: int = 15
+    batch: int = 64
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    seed: int = 0
+    shift: int = 0
+    device: str = "cpu"
+    eval_batch: int = 1000
+
+
+@dataclass
+class Result:
+    """One trained model: final accuracy on the held-out part, size, time and the per-epoch
+    history (``loss``, ``test_acc``, ``fwd_iters``, ``bwd_iters``, ``fwd_capped``, ``bwd_capped``,
+    ``seconds``)."""
+
+    name: str
+    accuracy: float = 0.0
+    params: int = 0
+    mean_iterations: float = float("nan")
+    final_residual: float = float("nan")
+    verification: str = "—"
+    train_time: float = 0.0
+    #: training steps whose (forward, adjoint) solve stopped at the iteration cap
+    nonconvergence: tuple[int, int] = (0, 0)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def n_params(m: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in m.parameters() if p.requires_grad)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``"auto"``/None: CUDA when available, else CPU; otherwise the named device (an error
+    naming what to do when CUDA is asked for and absent)."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device {device!r} requested but torch sees no CUDA device",
+                          term="--device", hint="use --device cpu (or auto)")
+    return dev
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> float:
+    """Fraction of correctly classified samples (evaluation mode, no gradients)."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            correct += int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+    return correct / max(1, len(x))
+
+
+def fit(model: nn.Module, data: Dataset, cfg: TrainConfig, name: str, progress: bool = False,
+        on_epoch: Callable[[dict[str, float]], None] | None = None) -> Result:
+    """Train ``model`` on ``data`` (its test part is only evaluated, once per epoch, for the
+    history and the final accuracy); returns the :class:`Result`."""
+    from tqdm import tqdm
+
+    dev = resolve_device(cfg.device)
+    model.to(dev)
+    data = data.to(dev)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
+    eq = model if isinstance(model, EquilibriumClassifier) else None
+    res = Result(name, params=n_params(model))
+    xtr, ytr = data.x_train, data.y_train
+    t0 = time.perf_counter()
+    bar = tqdm(range(cfg.epochs), desc=f"{name:<24}", disable=not progress, leave=True)
+    fwd_capped = bwd_capped = 0
+    for epoch in bar:
+        model.train()
+        te = time.perf_counter()
+        perm = torch.randperm(len(xtr), generator=gen).to(dev)
+        meter = StatsMeter()
+        tot, nb = 0.0, 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # counted from the stats
+            for i in range(0, len(xtr), cfg.batch):
+                idx = perm[i:i + cfg.batch]
+                xb = random_shift(xtr[idx], cfg.shift, gen) if cfg.shift else xtr[idx]
+                if eq is not None:
+                    eq.reset_stats()
+                loss = nn.functional.cross_entropy(model(xb), ytr[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if eq is not None:
+                    meter.update(eq.solver_stats())
+                tot += float(loss.detach())
+                nb += 1
+        sched.step()
+        acc = accuracy(model, data.x_test, data.y_test, cfg.eval_batch)
+        row: dict[str, float] = {"epoch": epoch + 1, "loss": tot / nb, "test_acc": acc}
+        if eq is not None:
+            s = meter.summary()
+            row.update(s)
+            fwd_capped += int(s["fwd_capped"])
+            bwd_capped += int(s["bwd_capped"])
+        row["seconds"] = time.perf_counter() - te
+        res.history.append(row)
+        bar.set_postfix(loss=f"{tot / nb:.3f}", acc=f"{acc:.3f}")
+        if on_epoch is not None:
+            on_epoch(row)
+    res.train_time = time.perf_counter() - t0
+    res.accuracy = res.history[-1]["test_acc"] if res.history else \
+        accuracy(model, data.x_test, data.y_test, cfg.eval_batch)
+    if eq is not None:
+        res.nonconvergence = (fwd_capped, bwd_capped)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            st = eq.measure(data.x_test[: cfg.eval_batch])
+        res.mean_iterations = float(st.iterations.double().mean())
+        res.final_residual = st.max_residual
+    return res
+
+
+def verify_layer(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
+    """Worst verification gap of the trained layer on ``k`` inputs against its docs/theory.md §9
+    reference (CVXPY or the local reference): relative state error and the verdict (the model
+    is moved to the CPU)."""
+    from verify.check import check
+
+    model.cpu()
+    inp = model.layer_inputs(x[:k].detach().cpu())
+    inp = {n: t.double() for n, t in inp.items()} if isinstance(inp, dict) else inp.double()
+    rep = check(model.eq, inp)
+    errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]
+    verdict = "pass" if rep.passed else f"FAIL: {'; '.join(rep.failures)[:90]}"
+    return f"{max(errs):.1e} ({rep.reference.kind}: {rep.label}, {verdict})"
+
+
+def effective_weights(eq: Any) -> dict[str, torch.Tensor]:
+    """The weights a module actually uses (after spectral-norm control), as a state dict."""
+    with torch.no_grad():
+        return {f"weights.{k}": v.detach().cpu().clone() for k, v in eq.env().items()
+                if k in eq.weights}

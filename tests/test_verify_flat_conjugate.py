@@ -1,0 +1,79 @@
+"""A confirmed-looking verify FAIL captured by the thorough fuzz (a Moreau skip of Theorem 1 with a
+wide ``M``, leaky ReLU and no input): the layer was right and the reference was not.
+
+``φ = ψ* − ½||·||²``, ``ψ = Σσ̃(Mz)``, ``M``: 5 × 3 with ``||M||₂ = 0.999``, has the unique
+minimizer ``z* = 0`` (``T(0) = Mᵀσ(0) = 0``) but is only ``1/0.998 − 1 ≈ 0.002``-strongly
+convex, so Clarabel at a 1e-11 gap stops ~4e-5 away.  Verify could neither polish that point
+nor measure the layer's stationarity, because the lifted dual ``y`` (``z = Mᵀy``) was "not
+determined by z" for a non-injective ``Mᵀ``; it is: ``y(z)`` is the unique argmin of the inner
+problem of ``ψ*`` (verify/lifting.py ``Dual.argmin``).  Newton polishing at the kink of
+``σ̃*`` (leaky ReLU, ``y ≈ 0``) now uses the exact one-sided Hessian."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import convex_eq as ce
+import lowering
+from convex_eq import Objective, moreau
+from convex_eq.operators import Dense
+from convex_eq.terms.potential import Antiderivative
+from lowering.nodes import Combo, Var
+from verify.check import check
+from verify.lifting import lift
+
+ALPHA = 0.417834  # the captured case: 0.417834·M^0.582166[φ]
+
+
+def _phi(m: int, n: int, slope: float, bias: bool = False) -> Objective:
+    rng = np.random.default_rng(2280126)  # the fuzz case's weight seed
+    a = rng.standard_normal((m, n))
+    a *= 0.999 / np.linalg.norm(a, 2)
+    z = ce.State("z1", n)
+    u = Dense(ce.Weight("W2", (m, n), a)) @ z
+    if bias:
+        u = u + ce.Weight("b", m, 0.5 * rng.standard_normal(m))
+    psi = Antiderivative(ce.get_activation("leaky_relu", slope=slope), u)
+    return Objective([psi.conjugate(), -ce.SqNorm(z)])
+
+
+@pytest.mark.parametrize("m,n,slope", [(5, 3, 0.01), (6, 2, 0.001), (5, 4, 0.001), (4, 4, 0.001)])
+def test_the_captured_moreau_case_verifies(m: int, n: int, slope: float) -> None:
+    # (5, 3, 0.01) is the captured case; the others failed the same way before the fix
+    # (wide and square M, slopes down to 1e-3: curvature ratio 1000 across the kink)
+    d = lowering.lower(Objective([moreau(_phi(m, n, slope), 1 - ALPHA) * ALPHA]))
+    rep = check(d, {}, starts=2)
+    assert rep.passed, rep
+    # the layer's z = 0 is exact; the polished reference is within 1e-9 (Newton on a
+    # piecewise quadratic: ~1e-15 in practice), and the stationarity is measured, not skipped
+    assert rep.samples[0].rel_error <= 1e-9 and rep.samples[0].stationarity is not None, rep
+
+
+def test_the_dual_of_a_wide_conjugate_is_the_inner_argmin() -> None:
+    phi = _phi(5, 3, 0.01, bias=True)
+    p = lift(phi, {}, None)
+    (d,) = p.duals.values()
+    z = np.random.default_rng(0).normal(size=3)
+    y = p.lift_point({"z1": z})
+    assert y is not None
+    # feasible (Mᵀy = z) and the KKT point y = σ(Mv + q) of the inner problem: float64 ~1e-15
+    np.testing.assert_allclose(d.M.T @ y, z, atol=1e-11)
+    np.testing.assert_allclose(p.states(y)["z1"], z, atol=1e-11)
+
+
+def test_a_perturbed_layer_still_fails() -> None:
+    """The lifted dual does not make verify blind: with an injected bias (so ``z* ≠ 0``),
+    ``T − 1e-3·id`` fails both the comparison and the independent stationarity check
+    (``T + 1e-3·id`` is no longer a contraction here: no equilibrium to compare)."""
+    d = lowering.lower(Objective([moreau(_phi(5, 3, 0.01, bias=True), 1 - ALPHA) * ALPHA]))
+    assert check(d, {}, starts=2).passed
+    (b,) = d.blocks
+    bad = dataclasses.replace(d, nodes={b.name: Combo([(1.0, d.nodes[b.name]), (-1e-3, Var(b))])})
+    rep = check(bad, {}, starts=2)
+    assert not rep.passed and rep.pass_rules["stationarity"] is False, rep
+    # a 1e-3 perturbation of a 0.002-strongly convex problem moves the state far:
+    # orders of magnitude above verify's 1e-6 relative tolerance
+    assert rep.samples[0].rel_error > 1e-4, rep
