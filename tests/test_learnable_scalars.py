@@ -135,12 +135,38 @@ def test_l1_lambda_learnable_and_l2_lambda_refused() -> None:
         lowering.lower(Objective([*base.terms, lam2 * SqNorm(z)])).torch_module(dtype=F64)
 
 
-def test_scalar_baked_by_its_term_is_refused() -> None:
-    g = geq(n=6, p=6, d=3)
+@pytest.mark.parametrize("kw", [{}, {"patch": 2, "image": (1, 4, 4)}], ids=["whole", "patch"])
+def test_geq_gamma_learnable(kw: dict) -> None:
+    """GEQ's bandwidth γ (whole and patch-split kernels): the certificate does not depend on
+    γ > 0, the gradient matches finite differences."""
+    g = geq(n=16, p=16, d=3, **kw)
     gamma = next(s for s in g.symbols if s.name == "gamma")
     gamma.learnable = True
+    module = lowering.lower(g).torch_module(dtype=F64, tol=1e-12, backward_tol=1e-12)
+    x = torch.randn(4, 3, dtype=F64, generator=torch.Generator().manual_seed(6))
+
+    def loss() -> torch.Tensor:
+        return (module(x) ** 2).sum()
+
+    loss().backward()
+    p = module.scalar_params["gamma"]
+    fd = _fd(module, p, loss)
+    assert abs(float(p.grad) - fd) <= 1e-5 * max(1.0, abs(fd))  # as in the α test above
+
+
+class _BakedL1(L1):
+    """ℓ1 whose prox turns the level into a python float (what a careless term would do)."""
+
+    def raw_prox(self, v: torch.Tensor, t, env):
+        return super().raw_prox(v, float(t), env)
+
+
+def test_scalar_baked_by_its_term_is_refused() -> None:
+    base = opteq(n=6, m=6, d=3)
+    lam = Scalar("lam", 0.1, low=0.0, learnable=True)
+    obj = Objective([*base.terms, _BakedL1(base.states[0]) * lam])
     with pytest.raises(OptionError, match="does not read it differentiably"):
-        lowering.lower(g).torch_module(dtype=F64)
+        lowering.lower(obj).torch_module(dtype=F64)
 
 
 def test_fixed_scalar_still_a_buffer_and_pickle_round_trip() -> None:

@@ -68,7 +68,7 @@ import torch
 from ..affine import Affine, as_affine
 from ..errors import NotDCPError, OptionError, ScaleError, ShapeError
 from ..export import ExportContext
-from ..symbols import Constant, Env, Scalar, Symbol, Weight
+from ..symbols import Constant, Env, Scalar, Symbol, Weight, scalar_coef
 from .base import Curvature, Term, require_states
 
 _REASON = "Gaussian kernel term is neither convex nor concave"
@@ -178,8 +178,8 @@ class _GammaMixin:
     def _gamma_at(self, us: list[torch.Tensor], env: Env | None) -> Any:
         """``γ``: a float, or ``(B, 1)`` from the evaluated input part ``us[1]``."""
         ib = self.input_gamma
-        if ib is None:
-            return self.gamma_value(env)
+        if ib is None:  # checked, then read as a tensor when γ is a learnable Scalar
+            return scalar_coef(self.gamma, env) if self.gamma_value(env) else 0.0
         n, _ = self._patch_norms(us[1], env)
         m, _ = ib.statistic_of(n)
         return ib.gamma(m)[:, None]
@@ -284,7 +284,7 @@ class GaussianKernel(_GammaMixin, Term):
         """``S(r) = (1/(2γ)) exp(−γ||r||²)`` per sample."""
         g = self._gamma_at(us, env)
         r = us[0]
-        if isinstance(g, torch.Tensor):
+        if isinstance(g, torch.Tensor) and g.ndim == 2:  # per sample (γ(x))
             g = g[:, 0]
         return torch.exp(-g * (r * r).sum(dim=-1)) / (2.0 * g)
 
@@ -482,13 +482,13 @@ class PatchGaussianKernel(_GammaMixin, Term):
         g = self._gamma_at(us, env)
         n, _ = self._patch_norms(us[0], env)
         out = torch.exp(-g * n).sum(dim=-1)
-        return out / (2.0 * (g[:, 0] if isinstance(g, torch.Tensor) else g))
+        return out / (2.0 * (g[:, 0] if isinstance(g, torch.Tensor) and g.ndim == 2 else g))
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
         """Patches ``−e^{−γ||r̃_i W_h||²} r̃_i W_h W_hᵀ`` scattered back (docs/theory.md §3 row 3);
         with ``γ(x)`` also ``∂S/∂q`` (module docstring)."""
         g = self._gamma_at(us, env)
-        if isinstance(g, torch.Tensor):
+        if isinstance(g, torch.Tensor) and g.ndim == 2:  # per sample (γ(x))
             g = g[:, :, None]  # (B, 1, 1) against the (B, P, 1) patch norms
         wh = self._wh(env, us[0])
         y = self.patches(us[0]) @ wh  # (B, P, h)
