@@ -27,17 +27,33 @@ from torch.autograd.function import once_differentiable
 
 from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 
-from .solvers import SolverStats, get_solver
+from .solvers import SolverStats, accumulation_dtype, get_solver, scaled_rel_residual
 
 
 @dataclass
 class AdjointConfig:
-    """How adjoint (and second-order) linear fixed points are solved."""
+    """How adjoint (and second-order) linear fixed points are solved.
+
+    ``method``: ``"iterative"`` (the ``solver`` on ``g = Jᵀg + v``), ``"direct"`` (the
+    per-sample Jacobian ``J`` formed once by one batched vector–Jacobian product, then an LU
+    solve of ``(I − Jᵀ) g = v``; needs samples that do not interact), or ``"auto"``: direct when
+    the samples are independent and the problem is small (``N ≤ DIRECT_MAX_STATE`` and
+    ``B·N ≤ DIRECT_MAX_ROWS``: there the per-iteration overhead of an iterative adjoint
+    dominates, while the N-row VJP of the Jacobian costs about one iteration), iterative
+    otherwise (docs/theory.md §8)."""
 
     solver: str = "anderson"
     tol: float = 1e-6
     max_iter: int = 100
     on_fail: str = "raise"  # "raise" | "warn" | "mask"
+    method: str = "auto"
+    batch_independent: bool = False
+
+
+#: ``"auto"`` forms the Jacobian only when it is small: N batched VJP rows per sample
+DIRECT_MAX_STATE = 256
+DIRECT_MAX_ROWS = 4096
+ADJOINT_METHODS = ("auto", "direct", "iterative")
 
 
 @dataclass
@@ -115,6 +131,62 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
     return y
 
 
+def _use_direct(cfg: AdjointConfig, z: torch.Tensor) -> bool:
+    if cfg.method == "iterative" or not cfg.batch_independent or z.ndim != 2:
+        return False
+    if cfg.method == "direct":
+        return True
+    b, n = z.shape
+    return n <= DIRECT_MAX_STATE and b * n <= DIRECT_MAX_ROWS
+
+
+def _direct_adjoint(fz: torch.Tensor, zz: torch.Tensor, v: torch.Tensor, cfg: AdjointConfig
+                    ) -> tuple[torch.Tensor, SolverStats] | None:
+    """``g = (I − J_bᵀ)⁻¹ v_b`` per sample from the Jacobians ``J_b`` (one batched VJP of the
+    identity rows), its residual ``||g − Jᵀg − v|| / ||g||`` measured; ``None`` when a step
+    fails (non-finite, singular, an op without a batching rule) so the caller iterates."""
+    b, n = zz.shape
+    eye = torch.eye(n, dtype=zz.dtype, device=zz.device)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "performance drop" of ops without batching rules
+            rows = torch.autograd.grad(fz, zz, eye[:, None, :].expand(n, b, n),
+                                       retain_graph=True, is_grads_batched=True)[0]
+        jac = rows.transpose(0, 1)  # (B, N, N): jac[b, i, :] = row i of J_b
+        jt = jac.transpose(1, 2)
+        with torch.no_grad():
+            acc = accumulation_dtype(zz.dtype)
+            g = torch.linalg.solve((eye - jt).to(acc), v.detach().to(acc)[..., None])[..., 0]
+            g = g.to(v.dtype)
+            res = (g - (jt @ g[..., None])[..., 0] - v).detach()
+    except (RuntimeError, NotImplementedError):
+        return None
+    r = scaled_rel_residual(res, g)
+    if not bool(torch.isfinite(r).all()):
+        return None
+    conv = r <= cfg.tol
+    stats = SolverStats("direct", r[:, None], torch.ones(b, dtype=torch.long,
+                                                         device=zz.device),
+                        conv, cfg.tol, returned_residual=r)
+    return (g, stats) if bool(conv.all()) else None
+
+
+def _adjoint(fz: torch.Tensor, zz: torch.Tensor, v: torch.Tensor, problem: FixedPointProblem
+             ) -> torch.Tensor:
+    """The first-order adjoint ``g = Jᵀg + v`` at the retained graph ``fz = T(zz)``."""
+    cfg = problem.adjoint
+    if _use_direct(cfg, zz):
+        out = _direct_adjoint(fz, zz, v, cfg)
+        if out is not None:
+            problem.sink(out[1])
+            return out[0]
+
+    def jt(y: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
+
+    return _linear_fixed_point(jt, v, cfg, "adjoint fixed point", problem.sink)
+
+
 class _ImplicitFixedPoint(torch.autograd.Function):
     """Output ``z*``; backward ``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v``, differentiable (second order)."""
 
@@ -136,12 +208,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         if not torch.is_grad_enabled():  # first order: leaf copies, one retained graph
             with torch.enable_grad():
                 zz, ts, fz = problem.with_grad(z, tensors, needs)
-
-                def jt(y: torch.Tensor) -> torch.Tensor:
-                    return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
-
-                g = _linear_fixed_point(jt, v, problem.adjoint, "adjoint fixed point",
-                                        problem.sink)
+                g = _adjoint(fz, zz, v, problem)
                 want = [t for t, n in zip(ts, needs) if n]
                 grads = iter(torch.autograd.grad(fz, want, g, allow_unused=True))
             return (None, None, *[next(grads) if n else None for n in needs])

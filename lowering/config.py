@@ -53,12 +53,18 @@ class BackwardConfig:
     phantom_steps: int = 1
     phantom_damping: float = 1.0
     unroll_steps: int = 20
+    adjoint: str = "auto"
 
     def __post_init__(self) -> None:
-        from .backward import get_backward
+        from .backward import ADJOINT_METHODS, get_backward
         from .solvers import get_solver
 
         get_backward(self.mode)
+        if self.adjoint not in ADJOINT_METHODS:
+            raise OptionError(f"backward_adjoint = {self.adjoint!r} is not one of "
+                              f"{ADJOINT_METHODS}", term="torch_module",
+                              hint="'auto' forms the Jacobian when it is small, 'direct' always, "
+                              "'iterative' never")
         if self.solver is not None:
             get_solver(self.solver)
         if self.tol is not None and not self.tol > 0:
@@ -143,6 +149,7 @@ FLAT_OPTIONS: dict[str, tuple[str | None, str]] = {
     "solver": ("forward", "solver"), "tol": ("forward", "tol"),
     "max_iter": ("forward", "max_iter"), "solver_options": ("forward", "options"),
     "backward": ("backward", "mode"), "backward_solver": ("backward", "solver"),
+    "backward_adjoint": ("backward", "adjoint"),
     "backward_tol": ("backward", "tol"), "backward_max_iter": ("backward", "max_iter"),
     "phantom_steps": ("backward", "phantom_steps"),
     "phantom_damping": ("backward", "phantom_damping"),

@@ -452,7 +452,8 @@ class EquilibriumModule(nn.Module):
             return z_star.detach()
         cfg = self.config
         adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
-                            cfg.on_nonconvergence)
+                            cfg.on_nonconvergence, cfg.backward.adjoint,
+                            not self._batch_coupled)
 
         def sink(st: SolverStats) -> None:
             self.last_backward_stats = st

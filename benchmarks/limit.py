@@ -1,0 +1,126 @@
+"""Case "limit": the emitted module against the fastest hand-written loop, on an m × B grid.
+
+The layer is the OptEq hidden QP ``z = relu(WᵀW z + q)`` (``W ∈ R^{m×64}``, ``||W||₂ = 0.9``,
+float32, tol 1e-6), fwd+bwd of ``ℓ = Σ c ⊙ z`` with respect to ``q``.  The hand loops are what one
+would write for this one layer and nothing else:
+
+* the injection ``q`` given once, ``M = WᵀW`` formed once per call (``z ↦ relu(zM + q)``: one
+  matmul per iteration);
+* the backward as an ``autograd.Function`` with the analytic transpose Jacobian
+  ``Jᵀy = M (D y)``, ``D = diag(1[p > 0])`` (no autograd graph, no ``autograd.grad`` calls);
+* plain fixed-point iteration and Anderson (history 5), forward and adjoint; per cell the better
+  of the two is "the limit".
+
+The module runs with its defaults (Anderson forward and adjoint) and with plain iteration.
+Times are medians of interleaved repetitions (one process, equal threads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .common import Config, interleave, median, qp_inputs, qp_objective, qp_weight
+from .hand import anderson
+from .qp import fwd_bwd
+
+TOL = 1e-6
+MAX_ITER = 200
+NORM = 0.9
+GRID_M = (64, 256, 1024, 4096)
+GRID_B = (1, 32, 256)
+
+
+def plain(f: Callable[[torch.Tensor], torch.Tensor], z0: torch.Tensor, tol: float,
+          max_iter: int) -> tuple[torch.Tensor, int]:
+    """``z ← f(z)`` until every sample's ``||f(z) − z|| ≤ tol·||f(z)||``."""
+    z = z0
+    for k in range(max_iter):
+        fz = f(z)
+        r = torch.linalg.vector_norm(fz - z, dim=1) / torch.linalg.vector_norm(
+            fz, dim=1).clamp_min(1e-30)
+        z = fz
+        if bool(r.max() <= tol):
+            return z, k + 1
+    return z, max_iter
+
+
+SOLVE = {"plain": plain, "anderson": anderson}
+
+
+class _HandFixedPoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, M: torch.Tensor, solver: str) -> torch.Tensor:
+        solve = SOLVE[solver]
+        z, _ = solve(lambda z: torch.relu(q + z @ M), torch.zeros_like(q), TOL, MAX_ITER)
+        mask = (q + z @ M) > 0
+        ctx.save_for_backward(M, mask)
+        ctx.solver = solver
+        return z
+
+    @staticmethod
+    def backward(ctx: Any, v: torch.Tensor) -> Any:
+        M, mask = ctx.saved_tensors
+        solve = SOLVE[ctx.solver]
+        mf = mask.to(v.dtype)
+        g, _ = solve(lambda g: (g * mf) @ M + v, v, TOL, MAX_ITER)
+        return g * mf, None, None
+
+
+class HandLimit(torch.nn.Module):
+    """``q ↦ z*`` for ``relu(WᵀW z + q)``: the fastest loop we know how to write (docstring)."""
+
+    def __init__(self, w: torch.Tensor, solver: str):
+        super().__init__()
+        self.W = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
+        self.solver = solver
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        M = self.W.T @ self.W
+        return _HandFixedPoint.apply(q, M, self.solver)
+
+
+def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every (m, B) cell: module (Anderson default, plain) vs hand (Anderson, plain)."""
+    import lowering
+
+    grid_m = (64, 256) if cfg.quick else GRID_M
+    grid_b = (1, 32) if cfg.quick else GRID_B
+    reps = 2 if cfg.quick else 7
+    dtype = torch.float32
+    rows: list[dict[str, Any]] = []
+    qa, ca = qp_inputs(max(grid_b), seed=cfg.seed)
+    for m in grid_m:
+        w64 = qp_weight(m, norm=NORM, seed=cfg.seed)
+        layer = lowering.lower(qp_objective(w64))
+        w = torch.as_tensor(w64, dtype=dtype)
+        mods = {f"module-{s}": layer.torch_module(weight_control=None, solver=s, tol=TOL,
+                                                  max_iter=MAX_ITER, backward_solver=s,
+                                                  backward_tol=TOL, backward_max_iter=MAX_ITER,
+                                                  dtype=dtype)
+                for s in ("anderson", "plain")}
+        hands = {f"hand-{s}": HandLimit(w, s) for s in ("anderson", "plain")}
+        for b in grid_b:
+            q = torch.as_tensor(qa[:b], dtype=dtype)
+            c = torch.as_tensor(ca[:b], dtype=dtype)
+            methods = {name: fwd_bwd(lay, q, c) for name, lay in {**mods, **hands}.items()}
+            outs = {name: fn() for name, fn in methods.items()}  # warm-up and agreement
+            ref_z, ref_g = outs["hand-plain"]
+            err = {name: max(float((z - ref_z).norm() / ref_z.norm().clamp_min(1e-30)),
+                             float((g - ref_g).norm() / ref_g.norm().clamp_min(1e-30)))
+                   for name, (z, g) in outs.items()}
+            times = interleave(methods, dict.fromkeys(methods, reps))
+            t = {name: median(ts) for name, ts in times.items()}
+            best_hand = min(t["hand-anderson"], t["hand-plain"])
+            row = {"m": m, "batch": b, "dtype": "float32", "times_s": t, "all_times": times,
+                   "rel_diff_vs_hand_plain": err,
+                   "ratio_default": t["module-anderson"] / best_hand,
+                   "ratio_best": min(t["module-anderson"], t["module-plain"]) / best_hand}
+            rows.append(row)
+            log(f"  limit m={m} B={b}: module {t['module-anderson'] * 1e3:.2f} / "
+                f"{t['module-plain'] * 1e3:.2f} ms (anderson/plain), hand "
+                f"{t['hand-anderson'] * 1e3:.2f} / {t['hand-plain'] * 1e3:.2f} ms; ratio "
+                f"{row['ratio_default']:.2f}× (default), {row['ratio_best']:.2f}× (best solver)")
+    return {"rows": rows, "tol": TOL, "max_iter": MAX_ITER, "norm": NORM, "reps": reps}
