@@ -13,6 +13,7 @@ a NaN/Inf iterate gives a NaN residual and marks that sample non-finite.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,20 +178,23 @@ class Tracker:
             fz, z = fz.detach(), z.detach()
         d = fz - z if d is None else d.detach()
         r = fast_rel_residual(d, fz).to(self.best_res.dtype)
-        # the running max of r (inf/NaN propagate) decides whether the exact scaled form is
-        # needed; a float64 norm overflows only for entries beyond ~1e154
-        if not bool(torch.isfinite(r).all()):
+        # worst best residual over the finite samples: done when ≤ tol (non-finite samples
+        # are finished too: they are reported, never iterated back to life).  One host sync:
+        # a NaN/inf r propagates into the maximum (torch.minimum keeps NaN), which sends the
+        # iteration to the exact scaled form (a float64 norm overflows only beyond ~1e154)
+        best_res = torch.minimum(r, self.best_res)
+        worst = float(best_res.masked_fill(self.nonfinite, 0.0).max())
+        if not math.isfinite(worst):
             r = scaled_rel_residual(d, fz).to(self.best_res.dtype)
             # a non-finite z, f(z) or difference makes r NaN (the scale is then inf or NaN)
             self.nonfinite |= ~torch.isfinite(r)
             r = torch.where(self.nonfinite, torch.full_like(r, float("inf")), r)
+            best_res = torch.minimum(r, self.best_res)
+            worst = float(best_res.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
-        better = r < self.best_res
-        self.best = torch.where(better[:, None], z, self.best)
-        self.best_res = torch.minimum(r, self.best_res)
-        # worst best residual over the finite samples: done when ≤ tol (non-finite samples
-        # are finished too: they are reported, never iterated back to life)
-        self.worst = float(self.best_res.masked_fill(self.nonfinite, 0.0).max())
+        self.best = torch.where((r < self.best_res)[:, None], z, self.best)
+        self.best_res = best_res
+        self.worst = worst
         return self.worst <= self.tol
 
     def record_residual(self, r: torch.Tensor) -> None:
