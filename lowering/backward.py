@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 
 from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 
+from .nodes import partial_evaluation
 from .solvers import SolverStats, accumulation_dtype, get_solver, scaled_rel_residual
 
 
@@ -207,7 +208,8 @@ class _ImplicitFixedPoint(torch.autograd.Function):
             return (None, None, *([None] * len(tensors)))
         if not torch.is_grad_enabled():  # first order: leaf copies, one retained graph
             with torch.enable_grad():
-                zz, ts, fz = problem.with_grad(z, tensors, needs)
+                with partial_evaluation():  # one graph, differentiated many times
+                    zz, ts, fz = problem.with_grad(z, tensors, needs)
                 g = _adjoint(fz, zz, v, problem)
                 want = [t for t, n in zip(ts, needs) if n]
                 grads = iter(torch.autograd.grad(fz, want, g, allow_unused=True))

@@ -24,16 +24,17 @@ Z_t = Mapping[str, torch.Tensor]
 
 #: active during a forward solve (``partial_evaluation()``): the parts of the terms' affine
 #: arguments that do not depend on the state (input injections ``U x + b``), computed once
-_PARTIAL: ContextVar[dict[int, tuple[Affine | None, torch.Tensor | None]] | None] = \
-    ContextVar("convex_eq_partial_evaluation", default=None)
+_PARTIAL: ContextVar[dict[Any, Any] | None] = ContextVar("convex_eq_partial_evaluation",
+                                                         default=None)
 
 
 @contextmanager
 def partial_evaluation() -> Iterator[None]:
     """Within the block, ``T`` computes the state-independent parts of its arguments (e.g. the
-    injection ``U x + b``) once instead of at every evaluation.  Only for repeated evaluations
-    with the same inputs and weights and without autograd (a forward solve): the cached parts
-    carry no gradient."""
+    injection ``U x + b``, the Gram matrix ``AᵀA`` of a ``½||Az||²`` term) once instead of at
+    every evaluation.  For repeated evaluations with the same inputs and weights: a forward
+    solve (no autograd), or the single differentiable evaluation the implicit backward
+    differentiates (the cached parts then carry their gradients)."""
     tok = _PARTIAL.set({})
     try:
         yield
@@ -168,12 +169,18 @@ class GradSum(Node):
         # and the folded coefficient sign·scale (None: scalars, read from env at each call;
         # args None: the term has its own grad rule)
         self._plan: list[tuple[Term, list[int] | None, float | None]] = []
+        #: terms ``c·½||e·A z||²`` of this block alone: ∇ = c·e²·AᵀA z, the Gram AᵀA formed once
+        #: per forward solve when that is cheaper (partial evaluation)
+        self._gram: dict[int, tuple[Any, float]] = {}
         for t in self.terms:
             if type(t).grad is not Term.grad or not t.smooth:
                 self._plan.append((t, None, None))
                 continue
             idx = [k for k, a in enumerate(t.args) if any(s is block for s in a.symbols("state"))]
             self._plan.append((t, idx, None if t.scalars else sign * t.scale))
+            g = _gram_form(t, block)
+            if g is not None:
+                self._gram[id(t)] = g
 
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         vals = Z
@@ -193,6 +200,12 @@ class GradSum(Node):
             # multiplication at all when it is 1, e.g. -(-<q,z>) and -(-½||Wz||²))
             if c is None:
                 c = self.sign * t.coef_t(env)
+            gram = self._gram_matrix(t, vals, env)
+            if gram is not None:
+                contrib = vals[self.block.name] @ gram
+                contrib = contrib if _is_one(c) else c * contrib
+                out = contrib if out is None else out + contrib
+                continue
             gs = t.raw_grad([eval_arg(a, vals, env) for a in t.args], env)
             for k in idx:
                 if gs[k] is None:
@@ -203,6 +216,26 @@ class GradSum(Node):
         if out is None:
             return torch.zeros_like(Z[self.block.name])
         return out
+
+    def _gram_matrix(self, t: Term, vals: Z_t, env: Env | None) -> torch.Tensor | None:
+        """``e²·AᵀA`` (``n × n``) for a Gram-form term inside :func:`partial_evaluation`, when
+        ``n ≤ min(m, GRAM_MAX)`` and ``n ≤ GRAM_BATCH·B`` (forming it, ``n²m``, then costs less
+        than the ``2Bnm`` per evaluation it saves over a solve's iterations); else None."""
+        form = self._gram.get(id(t))
+        cache = _PARTIAL.get()
+        if form is None or cache is None:
+            return None
+        key = ("gram", id(t))
+        if key not in cache:
+            op, e = form
+            n, m = op.in_size, op.out_size
+            z = vals[self.block.name]
+            if n > min(m, GRAM_MAX) or n > GRAM_BATCH * z.shape[0]:
+                cache[key] = None
+            else:
+                eye = torch.eye(n, dtype=z.dtype, device=z.device)
+                cache[key] = (e * e) * op.adjoint(op.apply(eye, env), env)
+        return cache[key]
 
     def lip(self, env: Env | None) -> float:
         inner = max([n.lip(env) for n in self.at.values()], default=1.0)
@@ -215,6 +248,27 @@ class GradSum(Node):
     def latex(self) -> str:
         s = " + ".join(_term_grad_text(t, self.block, self.sign, True) for t in self.terms)
         return (s.replace("+ -", "- ") or "0") + _at_text(self.at, True)
+
+
+#: largest state size for which the Gram matrix ``AᵀA`` of a ``½||Az||²`` term is formed, and
+#: the largest ratio state size / batch (a solve evaluates ``T`` ~10–20 times: ``n²m`` to form
+#: ``AᵀA`` is then below the ``2Bnm`` per evaluation it saves)
+GRAM_MAX = 1024
+GRAM_BATCH = 8
+
+
+def _gram_form(t: Term, block: Symbol) -> tuple[Any, float] | None:
+    """``(A, e)`` when ``t = c·½||e·A z||²`` with ``z`` this block and ``A`` a linear operator
+    (its gradient is ``c·e²·AᵀA z``), else None."""
+    if len(t.args) != 1:
+        return None
+    parts = t.quad_parts(None)
+    if len(parts) != 1 or parts[0].u2 is not None or parts[0].u1 is not t.args[0]:
+        return None
+    entries = t.args[0].entries
+    if len(entries) != 1 or entries[0].symbol is not block or entries[0].op is None:
+        return None
+    return entries[0].op, float(entries[0].coef)
 
 
 def _at_text(at: Mapping[str, Node], latex: bool) -> str:
