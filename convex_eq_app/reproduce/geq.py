@@ -16,6 +16,7 @@ from .registry import (
     Results,
     RunSpec,
     Verdict,
+    accuracy,
     all_of,
     greater,
     register_claim,
@@ -23,11 +24,6 @@ from .registry import (
     run,
 )
 from .runs import CORRUPTION_LEVELS
-
-
-def _acc(m: dict[str, Any]) -> float:
-    return float(m["accuracy"])
-
 
 #: γ = c/w (c ≈ γ·E||Ux + b||² at initialization); GEQ's own recipe is γ = 0.2/M
 C_DEFAULT = 0.2
@@ -56,7 +52,7 @@ def _compare_runs(b: Budget) -> list[RunSpec]:
 def _compare_summary(b: Budget, r: Results) -> dict[str, Any]:
     out: dict[str, Any] = {"levels": {k: list(v) for k, v in CORRUPTION_LEVELS.items()}}
     for label, (m, p) in _models(b).items():
-        row: dict[str, Any] = {"acc": r.stat(m, b.seeds, _acc, **p)}
+        row: dict[str, Any] = {"acc": r.stat(m, b.seeds, accuracy, **p)}
         for kind, levels in CORRUPTION_LEVELS.items():
             row[kind] = [r.stat(m, b.seeds, lambda x, i=i, k=kind: x["corruptions"][k][i], **p)
                          for i in range(len(levels))]
@@ -135,7 +131,7 @@ def _gamma_runs(b: Budget) -> list[RunSpec]:
 
 def _gamma_summary(b: Budget, r: Results) -> dict[str, Any]:
     return {"c": list(C_GRID), "width": b.width,
-            "acc": [r.stat("geq", b.seeds, _acc, c=c) for c in C_GRID]}
+            "acc": [r.stat("geq", b.seeds, accuracy, c=c) for c in C_GRID]}
 
 
 def _gamma_plot(ms: dict[str, Any], out: Path) -> str:

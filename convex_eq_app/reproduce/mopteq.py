@@ -15,6 +15,7 @@ from .registry import (
     Results,
     RunSpec,
     Verdict,
+    accuracy,
     all_of,
     greater,
     register_claim,
@@ -22,11 +23,6 @@ from .registry import (
     run,
 )
 from .runs import EPS_ROBUST, EPSILONS
-
-
-def _acc(m: dict[str, Any]) -> float:
-    return float(m["accuracy"])
-
 
 # ============================================================================ fusion + PE
 #: MOptEq variants: label → model parameters ("HD": both terms; "H": −D; "none": POptEq), all
@@ -45,7 +41,7 @@ def _fusion_runs(b: Budget) -> list[RunSpec]:
 
 
 def _fusion_summary(b: Budget, r: Results) -> dict[str, Any]:
-    return {label: {"acc": r.stat("mopteq", b.seeds, _acc, **p),
+    return {label: {"acc": r.stat("mopteq", b.seeds, accuracy, **p),
                     "robust": r.stat("mopteq", b.seeds, lambda m: m["robustness"]["accuracy"],
                                      **p),
                     "capped": r.stat("mopteq", b.seeds, lambda m: m["capped_fraction"], **p)}
@@ -141,7 +137,7 @@ def _direction_runs(b: Budget) -> list[RunSpec]:
 
 def _direction_summary(b: Budget, r: Results) -> dict[str, Any]:
     out: dict[str, Any] = {"eps": list(EPSILONS),
-                           "clean": r.stat("opteq", b.seeds, _acc)}
+                           "clean": r.stat("opteq", b.seeds, accuracy)}
     for kind in ("reconstructed", "binomial", "uniform"):
         out[kind] = [r.stat("opteq", b.seeds, lambda m, i=i, k=kind: m["perturbation"][k][i])
                      for i in range(len(EPSILONS))]

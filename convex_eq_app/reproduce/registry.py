@@ -111,6 +111,11 @@ class Results:
         return Stat.of([metric(self.get(run(model, s, **params))) for s in seeds])
 
 
+def accuracy(metrics: dict[str, Any]) -> float:
+    """The test accuracy of a run's metrics (for :meth:`Results.stat`)."""
+    return float(metrics["accuracy"])
+
+
 @dataclass(frozen=True)
 class Stat:
     """Mean and sample standard deviation (ddof = 1; 0 for one value) of ``n`` values."""

@@ -48,16 +48,21 @@ def flat(d: Any) -> Any:
     return replace(d, x_train=d.x_train.flatten(1), x_test=d.x_test.flatten(1))
 
 
+def _registrar(table: dict[str, Any]) -> Callable[[str], Callable[[Any], Any]]:
+    """``@register(name)``: put the decorated function into ``table`` under ``name``."""
+    def register(name: str) -> Callable[[Any], Any]:
+        def deco(fn: Any) -> Any:
+            table[name] = fn
+            return fn
+        return deco
+    return register
+
+
 # ----------------------------------------------------------------------------- models
+#: model name → builder ``(params, budget, seed) → nn.Module``
 ModelBuilder = Callable[[dict[str, Any], Budget, int], nn.Module]
 MODELS: dict[str, ModelBuilder] = {}
-
-
-def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    def deco(fn: ModelBuilder) -> ModelBuilder:
-        MODELS[name] = fn
-        return fn
-    return deco
+register_model = _registrar(MODELS)
 
 
 def _classifier(objective: Any, **settings: Any) -> nn.Module:
@@ -164,15 +169,10 @@ def _mlp(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- evaluators
+#: evaluation name → ``(trained model, budget, spec) → metrics``
 Evaluator = Callable[[nn.Module, Budget, RunSpec], dict[str, Any]]
 EVALUATORS: dict[str, Evaluator] = {}
-
-
-def register_evaluator(name: str) -> Callable[[Evaluator], Evaluator]:
-    def deco(fn: Evaluator) -> Evaluator:
-        EVALUATORS[name] = fn
-        return fn
-    return deco
+register_evaluator = _registrar(EVALUATORS)
 
 
 def _device(model: nn.Module) -> torch.device:
