@@ -193,8 +193,7 @@ class ResolventNode(_IncNode):
         z = self.g.prox(u, a, Z, env)
         if self.output:
             return z
-        zero = torch.zeros_like(u)
-        q = -self._F(Z, zero, env)  # F(z) = Mz − q
+        q = -self.inc.affine_part({**Z, self.inc.z.name: u}, env)  # F(z) = Mz − q
         lu, piv = self._factor(u, Z, env, a)
         rhs = (2 * z - u + a * q).T
         w = torch.linalg.lu_solve(lu, piv, rhs).T
