@@ -465,7 +465,7 @@ class ChambollePock:
                  f"τ = σ = 0.9/||K||₂ (= {0.9 / knorm if knorm > 0 else 1.0:.4g} now, "
                  "re-derived from the weights at every forward) so τσ||K||₂² = 0.81 < 1: the "
                  "iteration is averaged in the metric [[I/τ, −Kᵀ], [−K, I/σ]]" +
-                 ("; linear rate (G and H strongly convex)" if cert.holds else ""),
+                 ("; G and H strongly convex: the saddle point is unique" if cert.holds else ""),
                  ("0 ∈ ∂G(z) + Kᵀw, 0 ∈ ∂H(w) − Kz − c"),
                  (z, " ← ", nz, ";  ", w, " ← ", nw),
                  note="fixed points are exactly the saddle points"),
