@@ -244,3 +244,26 @@ def test_typed_errors():
         Inclusion(Potential("relu", z), linear=[skew], splitting="admm")
     with pytest.raises(CurvatureError, match="convex"):
         Saddle([-SqNorm(z)], [SqNorm(State("w", 3))], Dense(Weight("K", (3, 4))))
+
+
+def test_docs_saddle_example_runs_and_prints_what_the_page_shows():
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "monotone.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", page, re.S)
+    shown = re.findall(r"prints\n\n```text\n(.*?)```", page, re.S)
+    assert len(code) == 1 and len(shown) == 1
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code[0], "docs/monotone.md", "exec"), {})
+    got = out.getvalue().splitlines()
+    want = shown[0].splitlines()
+    # structure lines (rules, layer, claim) verbatim; the last line: PASS and a gap far below
+    # the tolerance (its digits are the solver's round-off, not stable across BLAS builds)
+    keep = [i for i, ln in enumerate(want) if ln.startswith(("[", "layer", "  ", "claim"))]
+    assert [got[i] for i in keep] == [want[i] for i in keep]
+    passed, gap = got[-1].split()
+    assert passed == "True" and abs(float(gap)) < 1e-8
