@@ -21,6 +21,7 @@ from .affine import as_affine
 from .errors import CurvatureError, LoweringError, ShapeError
 from .objective import Objective
 from .operators.base import LinOp, op_latex
+from .operators.base import unique_symbols as _unique
 from .operators.monotone import Margin, monotone_margin
 from .symbols import Env, Symbol
 from .terms.base import Condition, Term
@@ -43,15 +44,6 @@ def _terms(x: Any, what: str) -> list[Term]:
     for t in out:
         if not isinstance(t, Term):
             raise ShapeError(f"{what} must be terms, got {type(t).__name__}", term=what)
-    return out
-
-
-def _unique(groups: list[list[Symbol]]) -> list[Symbol]:
-    out: list[Symbol] = []
-    for g in groups:
-        for s in g:
-            if all(s is not o for o in out):
-                out.append(s)
     return out
 
 
