@@ -267,3 +267,18 @@ def test_docs_saddle_example_runs_and_prints_what_the_page_shows():
     assert [got[i] for i in keep] == [want[i] for i in keep]
     passed, gap = got[-1].split()
     assert passed == "True" and abs(float(gap)) < 1e-8
+
+
+def test_measured_margin_tanh_inclusion_is_certified_at_these_weights_only():
+    g = np.random.default_rng(0)
+    z, x = State("z", 5), Input("x", 2)
+    s = g.standard_normal((5, 5))
+    W = Weight("W", (5, 5), 2 * np.eye(5) + s - s.T + 0.3 * g.standard_normal((5, 5)))
+    inc = Inclusion(Potential("tanh", z), grad=[-Linear(Weight("U", (5, 2)) @ x, z),
+                                                0.2 * SqNorm(z)], linear=[Dense(W)])
+    d = lower(inc)
+    assert not d.certificate.for_every_weight and "at these weights" in d.certificate.text
+    assert d.claim.conditions  # the claim names the measured condition
+    rep = check_inclusion(d, g.standard_normal((3, 2)), tol=1e-6)
+    assert rep.passed, str(rep)
+    assert rep.references == ["gap"]  # no LCP for tanh

@@ -27,10 +27,12 @@ import cvxpy as cp
 import numpy as np
 import torch
 
-from convex_eq.errors import OptionError
+from convex_eq.errors import ExportError, OptionError
 from convex_eq.inclusion import Inclusion, Saddle
 from convex_eq.objective import Objective
+from convex_eq.symbols import Constant
 from convex_eq.terms.potential import Potential
+from convex_eq.terms.quadratic import Linear, SqNorm
 
 from .equilibrium import environment, equilibrium, prepare_inputs, resolve_target, single_thread
 from .references import reference_solver_options
@@ -116,22 +118,27 @@ def _solve(prob: cp.Problem, opts: Mapping[str, Any]) -> str:
 def _min_plus_linear(obj: Objective, lin: np.ndarray, center: np.ndarray | None, rho: float,
                      inputs: Mapping[str, torch.Tensor], env: Mapping[str, Any],
                      opts: Mapping[str, Any]) -> tuple[str, float, np.ndarray]:
-    """``min_y obj(y) + ⟨lin, y⟩ (+ ||y − center||²/(2ρ))`` by CVXPY on ``obj``'s own export;
-    ``(status, value, argmin)``."""
-    names = {s.name for s in obj.symbols}
+    """``min_y obj(y) + ⟨lin, y⟩ (+ ||y − center||²/(2ρ))`` by CVXPY on the export of that
+    objective (the added terms join its collected quadratic form, so e.g. a tanh potential's
+    ``−½u²`` part is offset by ``1/ρ ≥ 1``); ``(status, value, argmin)``; a source that cannot
+    be exported gives status ``"not exportable: …"``."""
+    s = obj.states[0]
+    terms = [*obj.terms, Linear(Constant("ref_linear", lin), s)]
+    if center is not None:
+        terms.append(SqNorm(s - Constant("ref_center", center)) * (1.0 / rho))
+    full = Objective(terms)
+    names = {x.name for x in full.symbols}
     ins = {k: v[0].numpy() for k, v in inputs.items() if k in names}
     envs = {k: v for k, v in env.items() if k in names}
-    ex = obj.to_cvxpy(**ins, **envs)
-    s = obj.states[0]
-    y = ex.state_maps[s.name] @ ex.variable
-    expr = ex.problem.objective.expr + lin @ y
-    if center is not None:
-        expr = expr + cp.sum_squares(y - center) / (2 * rho)
-    prob = cp.Problem(cp.Minimize(expr), ex.problem.constraints)
-    status = _solve(prob, opts)
+    try:
+        ex = full.to_cvxpy(**ins, **envs)
+    except ExportError as err:
+        return f"not exportable: {err}", math.nan, np.full(s.size, np.nan)
+    status = _solve(ex.problem, opts)
     if status != cp.OPTIMAL:
         return status, math.nan, np.full(s.size, np.nan)
-    return status, float(prob.value) + ex.constant, np.asarray(y.value, dtype=np.float64)
+    y = ex.state_maps[s.name] @ np.asarray(ex.variable.value, dtype=np.float64)
+    return status, float(ex.problem.value) + ex.constant, y
 
 
 def _value(obj: Objective, vals: Mapping[str, np.ndarray], inputs: Mapping[str, torch.Tensor],
@@ -156,7 +163,7 @@ class GapReference:
         z = ctx.outputs[inc.z.name][b]
         cert = inc.certificate(ctx.env)
         m, lip = cert.margin, cert.lipschitz
-        alpha = 1.0 / lip
+        alpha = min(1.0, 1.0 / lip)  # any α > 0 works; α ≤ 1 keeps f_σ's export DCP
         M = inc.matrix(ctx.env)
         q = inc.shift(ctx.sample_inputs(b), ctx.env)[0].numpy()
         fz = M @ z - q
@@ -176,7 +183,7 @@ class GapReference:
         if not bound <= ctx.report.tolerance:
             ctx.report.failures.append(
                 f"sample {b}: ||z − z*||/max(1,||z||) ≤ (1 + αL)/(αm)·||z − y*|| = {bound:.3e} "
-                f"> {ctx.report.tolerance:g} (gap {gap:.3e}, α = 1/L = {alpha:.4g}, m = {m:.4g})")
+                f"> {ctx.report.tolerance:g} (gap {gap:.3e}, α = {alpha:.4g}, m = {m:.4g})")
 
 
 def _relu_only(inc: Inclusion) -> bool:
