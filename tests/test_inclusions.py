@@ -48,7 +48,7 @@ def test_fb_pr_dr_agree_with_cvxpy_references(seed):
         assert set(rep.references) == {"gap", "lcp"}
         # float64 solves to 1e-13 and Clarabel at 1e-11: errors ~1e-9 at most, 1e-6 is safe
         # across BLAS builds and solver versions
-        assert rep.worst("lcp rel. error") <= 1e-6
+        assert rep.worst("lcp rel. error") <= 1e-6 and rep.as_report().passed
         assert rep.worst("distance bound") <= 1e-6
     ref = outs["peaceman-rachford"]
     for sp, z in outs.items():
@@ -282,3 +282,17 @@ def test_measured_margin_tanh_inclusion_is_certified_at_these_weights_only():
     rep = check_inclusion(d, g.standard_normal((3, 2)), tol=1e-6)
     assert rep.passed, str(rep)
     assert rep.references == ["gap"]  # no LCP for tanh
+
+
+def test_verify_check_routes_inclusion_layers():
+    import verify
+
+    d = lower(models.mon(n=6, d=3, weight_scale=3.0))
+    x = np.random.default_rng(0).standard_normal((2, 3))
+    rep = verify.check(d, x)
+    assert rep.passed and rep.label == "inclusion" and "lcp" in rep.reference.kind
+    assert rep.max_rel_error is not None and rep.max_rel_error <= 1e-6
+    wrong = dataclasses.replace(lower(models.mon(n=6, d=3, weight_scale=3.0, margin=0.9)),
+                                source=d.source)
+    bad = verify.check(wrong, x)
+    assert not bad.passed and bad.status.startswith("FAILED")
