@@ -21,6 +21,7 @@ from .affine import as_affine
 from .errors import CurvatureError, LoweringError, ShapeError
 from .objective import Objective
 from .operators.base import LinOp, op_latex
+from .operators.base import unique_symbols as _unique
 from .operators.monotone import Margin, monotone_margin
 from .symbols import Env, Symbol
 from .terms.base import Condition, Term
@@ -43,15 +44,6 @@ def _terms(x: Any, what: str) -> list[Term]:
     for t in out:
         if not isinstance(t, Term):
             raise ShapeError(f"{what} must be terms, got {type(t).__name__}", term=what)
-    return out
-
-
-def _unique(groups: list[list[Symbol]]) -> list[Symbol]:
-    out: list[Symbol] = []
-    for g in groups:
-        for s in g:
-            if all(s is not o for o in out):
-                out.append(s)
     return out
 
 
@@ -218,6 +210,23 @@ class Inclusion:
             out = out + op.apply(z, env)
         return out
 
+    def affine_part(self, values: dict[str, torch.Tensor], env: Env | None = None
+                    ) -> torch.Tensor:
+        """``F(0) = −q`` at the given inputs (the gradient terms at ``z = 0``; the linear
+        operators vanish there), batched like ``values``' inputs."""
+        b = max((x.shape[0] for x in values.values()), default=1)
+        v = dict(values)
+        ref = next(iter(values.values()), None)
+        dev = ref.device if ref is not None else None
+        dt = ref.dtype if ref is not None else torch.float64
+        v[self.z.name] = torch.zeros(b, self.z.size, dtype=dt, device=dev)
+        out = v[self.z.name]
+        for t in self.h_terms:
+            g = t.grad(v, env).get(self.z.name)
+            if g is not None:
+                out = out + g
+        return out
+
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """The dense matrix ``M`` of ``F(z) = Mz − q`` (float64)."""
         n = self.z.size
@@ -231,10 +240,7 @@ class Inclusion:
 
     def shift(self, values: dict[str, torch.Tensor], env: Env | None = None) -> torch.Tensor:
         """``q`` of ``F(z) = Mz − q`` at the given inputs: ``q = −F(0)``."""
-        v = dict(values)
-        b = next((x.shape[0] for x in values.values()), 1)
-        v[self.z.name] = torch.zeros(b, self.z.size, dtype=torch.float64)
-        return -self.F(v, env)
+        return -self.affine_part(dict(values), env)
 
     def margin(self, env: Env | None = None) -> Margin:
         """``m ≤ λ_min(½(M + Mᵀ))``: from the structure (identity quadratics, convex quadratics,

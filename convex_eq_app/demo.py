@@ -59,9 +59,9 @@ TRAIN_ORDER = ("OptEq + ℓ1", "OptEq Moreau skip", "OptEq", "GEQ (Gaussian kern
 class DemoConfig:
     """Sizes and budgets (``quick`` shrinks them for the < 1 minute smoke run)."""
 
-    channels: int = 16
+    channels: int = 12
     kernel: int = 5
-    epochs: int = 10
+    epochs: int = 8
     batch: int = 64
     lr: float = 1e-2
     tol: float = 1e-4

@@ -131,6 +131,9 @@ class DerivedLayer:
         for b in self.blocks:
             n = self.nodes[b.name]
             parts.append(f"{b.latex()} = {n.latex()}" if latex else f"{b.name} ← {n.text()}")
+        for b, n in self.outputs or []:
+            parts.append(f"\\text{{output }} {b.latex()} = {n.latex()}" if latex
+                         else f"output {b.name} = {n.text()}")
         return (",\\\\ ".join(parts)) if latex else "\n".join(parts)
 
     def describe(self, env: Env | None = None) -> str:

@@ -40,11 +40,13 @@ class Perturbation:
 
     def __str__(self) -> str:
         kind = "exact (G affine in x)" if self.exact else "first-order (G not affine in x)"
-        return f"δ = {self.formula}, ||δ||∞ ≤ {self.eps:g} — {kind}"
+        lhs = "" if self.formula.startswith("δ_") else "δ = "
+        return f"{lhs}{self.formula}, ||δ||∞ ≤ {self.eps:g} — {kind}"
 
 
 def _formula(terms: list[Term], eps: float) -> str:
-    parts = []
+    """``ε·sign(…)`` per input (one ``δ_name = …`` each when the objective has several)."""
+    parts: dict[str, list[str]] = {}
     for t in terms:
         if isinstance(t, Linear):
             w, u = t.args
@@ -54,10 +56,15 @@ def _formula(terms: list[Term], eps: float) -> str:
                 sign = -t.scale * e.coef  # δ = -ε sign(∇_x G); ∇_x <c·A x, u> = c Aᵀu
                 op = f"{e.op}ᵀ" if e.op is not None else ""
                 pre = "" if sign > 0 else "-"
-                parts.append(f"{pre}{op}({u})")
+                parts.setdefault(e.symbol.name, []).append(f"{pre}{op}({u})")
         else:
-            parts.append(f"-∇_x[{t}]")
-    return f"{eps:g}·sign({' + '.join(parts)})"
+            for a in t.args:
+                for sym in a.symbols("input"):
+                    parts.setdefault(sym.name, []).append(f"-∇_{sym.name}[{t}]")
+    texts = {k: f"{eps:g}·sign({' + '.join(v)})" for k, v in parts.items()}
+    if len(texts) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"δ_{k} = {v}" for k, v in texts.items())
 
 
 def perturbation(objective: Any, eps: float) -> Perturbation:

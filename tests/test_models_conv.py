@@ -77,6 +77,7 @@ def test_pe_cascade_feeds_the_previous_branch_perturbation() -> None:
     obj = models.conv_mopteq(image=(1, 12), channels=2, branch_inputs=True, fusion="H")
     pe = cascade(obj, 0.3)
     assert pe.branches == ["x1", "x2"]
+    assert str(pe.perturbation).startswith("δ_x1 = 0.3·sign(conv(U1)ᵀ(z1)); δ_x2 = ")
     m = lowering.lower(obj).torch_module(tol=1e-10, max_iter=300, dtype=T64)
     x = torch.randn(3, 1, 12, generator=torch.Generator().manual_seed(4), dtype=T64)
     z1, z2 = m({"x1": x, "x2": x})

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from convex_eq_app import table as T
 from convex_eq_app.training import n_params
@@ -37,3 +38,28 @@ def test_quick_table_trains_and_verifies_every_model(tmp_path: Path) -> None:
     text = (tmp_path / "table.md").read_text()
     assert "CNN (published by the MNIST-1D authors) | 94" in text
     assert len((tmp_path / "epochs.jsonl").read_text().splitlines()) == len(names) * cfg.epochs
+
+
+def test_device_resolution() -> None:
+    from convex_eq.errors import OptionError
+    from convex_eq_app.training import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(OptionError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_training_and_verification_on_cuda() -> None:
+    from convex_eq_app.training import TrainConfig, fit, verify_layer
+
+    cfg = T.TableConfig.quick_config()
+    data = T.table_data(cfg)
+    for name in ("conv OptEq", "MOptEq (PE)", "GEQ (patch, channel split)"):
+        model = T.build(name, cfg, data.shape, 0)
+        res = fit(model, data, TrainConfig(epochs=1, device="cuda", shift=2), name)
+        assert next(model.parameters()).device.type == "cuda"
+        assert res.history[0]["fwd_iters"] >= 1
+        assert verify_layer(model, data.x_test, 1).endswith("pass)")

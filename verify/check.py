@@ -42,6 +42,7 @@ from .equilibrium import (
     single_thread,
 )
 from .gradients import gradient_check
+from .inclusion import check_inclusion, handles
 from .lifting import lift, lift_batch, minimize
 from .references import (
     CvxpyOutcome,
@@ -683,7 +684,15 @@ def check(target: Any, x: Any, *, gradients: bool = False,
     starts of the local reference; ``reference``: "auto" (docs/theory.md §9) | "cvxpy" | "numeric" |
     "local"; ``solver_options``: CVXPY options (default Clarabel, gap/feasibility 1e-11; SCS only
     with eps ≤ 1e-9); ``gradients``: also compare ``dℓ/dx`` with cvxpylayers and finite
-    differences (DCP-exportable objectives).  Torch runs single-threaded during the call."""
+    differences (DCP-exportable objectives).  Torch runs single-threaded during the call.
+    Inclusion and saddle layers are verified by ``verify.inclusion`` (docs/monotone.md §6)."""
+    if handles(resolve_target(target)[0].source):
+        rep = check_inclusion(target, x, tol=_tolerances(tol).rel_error,
+                              solver_options=solver_options).as_report()
+        if gradients:
+            rep.notes.append("gradient check skipped: it needs an objective verified against "
+                             "CVXPY (cvxpylayers reference)")
+        return rep
     with single_thread():
         return _check(target, x, gradients=gradients, tol=tol, starts=starts, seed=seed,
                       reference=reference, solver_options=solver_options)

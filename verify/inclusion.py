@@ -18,6 +18,7 @@ Each reference is one unit (``applies`` / ``run``) in :data:`INCLUSION_REFERENCE
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,13 +28,24 @@ import cvxpy as cp
 import numpy as np
 import torch
 
-from convex_eq.errors import OptionError
+from convex_eq.errors import ExportError, OptionError
 from convex_eq.inclusion import Inclusion, Saddle
 from convex_eq.objective import Objective
+from convex_eq.symbols import Constant
 from convex_eq.terms.potential import Potential
+from convex_eq.terms.quadratic import Linear, SqNorm
 
-from .equilibrium import environment, equilibrium, prepare_inputs, resolve_target, single_thread
+from .equilibrium import (
+    environment,
+    equilibrium,
+    operator,
+    prepare_inputs,
+    relative_residual,
+    resolve_target,
+    single_thread,
+)
 from .references import reference_solver_options
+from .report import EquilibriumInfo, ReferenceInfo, Report, SampleResult, Tolerances
 
 T64 = torch.float64
 
@@ -52,10 +64,55 @@ class InclusionReport:
     notes: list[str] = field(default_factory=list)
     z_layer: np.ndarray | None = None
     z_reference: np.ndarray | None = None
+    equilibrium: EquilibriumInfo | None = None
+    residuals: list[float] = field(default_factory=list)
+    claim_kind: str = "inclusion"
+    certified: bool = True
+    block_names: list[str] = field(default_factory=list)
+    solver: str = ""
+    elapsed: float = 0.0
 
     @property
     def passed(self) -> bool:
         return not self.failures
+
+    def as_report(self) -> Report:
+        """The same result as a :class:`verify.report.Report` (what ``verify.check`` returns):
+        per sample, ``rel_error`` is the LCP solution's relative error or the gap's distance
+        bound (the larger where both apply) or the best-response error of a saddle, ``gap``
+        the regularised gap or the relative duality gap."""
+        bsz = len(self.residuals)
+        samples = []
+        for b in range(bsz):
+            errs = [self.measures[k][b] for k in ("lcp rel. error", "distance bound",
+                                                  "best-response rel. error")
+                    if k in self.measures and not math.isnan(self.measures[k][b])]
+            gaps = [self.measures[k][b] for k in ("gap", "duality gap")
+                    if k in self.measures and not math.isnan(self.measures[k][b])]
+            samples.append(SampleResult(b, rel_error=max(errs) if errs else None,
+                                        gap=gaps[0] if gaps else None,
+                                        residual=self.residuals[b], label=self.claim_kind))
+        failed = bool(self.failures)
+        ref = ReferenceInfo(", ".join(self.references) or "none",
+                            "docs/monotone.md §6: " + ", ".join(self.references),
+                            solver=self.solver, ok=not failed,
+                            failure="; ".join(self.failures)[:200])
+        rules = {"equilibrium": self.equilibrium is not None and self.equilibrium.converged,
+                 "certificate": self.certified, "reference": not failed,
+                 "residual": all(r <= Tolerances().residual for r in self.residuals),
+                 "rel_error": not failed, "gap": not failed}
+        eq = self.equilibrium or EquilibriumInfo("none", 0.0, [], math.nan, False,
+                                                 np.zeros((bsz, 0)))
+        return Report(target=self.target, claim=self.claim_kind, claim_statement=self.claim,
+                      label=self.claim_kind, certificate=self.certificate,
+                      certified=self.certified, violated=[] if self.certified else
+                      [self.certificate], reference=ref,
+                      tolerances=Tolerances(rel_error=self.tolerance, gap=self.tolerance),
+                      samples=samples, equilibrium=eq,
+                      z_layer=self.z_layer if self.z_layer is not None else np.zeros((bsz, 0)),
+                      z_reference=self.z_reference, block_names=self.block_names,
+                      failures=list(self.failures), notes=list(self.notes), pass_rules=rules,
+                      elapsed=self.elapsed)
 
     def worst(self, name: str) -> float:
         vals = [v for v in self.measures.get(name, []) if not math.isnan(v)]
@@ -116,22 +173,27 @@ def _solve(prob: cp.Problem, opts: Mapping[str, Any]) -> str:
 def _min_plus_linear(obj: Objective, lin: np.ndarray, center: np.ndarray | None, rho: float,
                      inputs: Mapping[str, torch.Tensor], env: Mapping[str, Any],
                      opts: Mapping[str, Any]) -> tuple[str, float, np.ndarray]:
-    """``min_y obj(y) + ⟨lin, y⟩ (+ ||y − center||²/(2ρ))`` by CVXPY on ``obj``'s own export;
-    ``(status, value, argmin)``."""
-    names = {s.name for s in obj.symbols}
+    """``min_y obj(y) + ⟨lin, y⟩ (+ ||y − center||²/(2ρ))`` by CVXPY on the export of that
+    objective (the added terms join its collected quadratic form, so e.g. a tanh potential's
+    ``−½u²`` part is offset by ``1/ρ ≥ 1``); ``(status, value, argmin)``; a source that cannot
+    be exported gives status ``"not exportable: …"``."""
+    s = obj.states[0]
+    terms = [*obj.terms, Linear(Constant("ref_linear", lin), s)]
+    if center is not None:
+        terms.append(SqNorm(s - Constant("ref_center", center)) * (1.0 / rho))
+    full = Objective(terms)
+    names = {x.name for x in full.symbols}
     ins = {k: v[0].numpy() for k, v in inputs.items() if k in names}
     envs = {k: v for k, v in env.items() if k in names}
-    ex = obj.to_cvxpy(**ins, **envs)
-    s = obj.states[0]
-    y = ex.state_maps[s.name] @ ex.variable
-    expr = ex.problem.objective.expr + lin @ y
-    if center is not None:
-        expr = expr + cp.sum_squares(y - center) / (2 * rho)
-    prob = cp.Problem(cp.Minimize(expr), ex.problem.constraints)
-    status = _solve(prob, opts)
+    try:
+        ex = full.to_cvxpy(**ins, **envs)
+    except ExportError as err:
+        return f"not exportable: {err}", math.nan, np.full(s.size, np.nan)
+    status = _solve(ex.problem, opts)
     if status != cp.OPTIMAL:
         return status, math.nan, np.full(s.size, np.nan)
-    return status, float(prob.value) + ex.constant, np.asarray(y.value, dtype=np.float64)
+    y = ex.state_maps[s.name] @ np.asarray(ex.variable.value, dtype=np.float64)
+    return status, float(ex.problem.value) + ex.constant, y
 
 
 def _value(obj: Objective, vals: Mapping[str, np.ndarray], inputs: Mapping[str, torch.Tensor],
@@ -156,7 +218,7 @@ class GapReference:
         z = ctx.outputs[inc.z.name][b]
         cert = inc.certificate(ctx.env)
         m, lip = cert.margin, cert.lipschitz
-        alpha = 1.0 / lip
+        alpha = min(1.0, 1.0 / lip)  # any α > 0 works; α ≤ 1 keeps f_σ's export DCP
         M = inc.matrix(ctx.env)
         q = inc.shift(ctx.sample_inputs(b), ctx.env)[0].numpy()
         fz = M @ z - q
@@ -176,7 +238,7 @@ class GapReference:
         if not bound <= ctx.report.tolerance:
             ctx.report.failures.append(
                 f"sample {b}: ||z − z*||/max(1,||z||) ≤ (1 + αL)/(αm)·||z − y*|| = {bound:.3e} "
-                f"> {ctx.report.tolerance:g} (gap {gap:.3e}, α = 1/L = {alpha:.4g}, m = {m:.4g})")
+                f"> {ctx.report.tolerance:g} (gap {gap:.3e}, α = {alpha:.4g}, m = {m:.4g})")
 
 
 def _relu_only(inc: Inclusion) -> bool:
@@ -298,6 +360,7 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
     at inputs ``x``: a tight float64 solve of the layer, then every applicable reference.
     ``tol``: relative state tolerance (the gap's distance bound, the LCP solution, the
     relative duality gap)."""
+    t0 = time.perf_counter()
     with single_thread():
         derived, module = resolve_target(target)
         src = derived.source
@@ -315,11 +378,20 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
         for blk in blocks:
             outputs[blk.name] = out[:, o:o + blk.size].numpy().copy()
             o += blk.size
+        with torch.no_grad():
+            res = relative_residual(z, operator(derived, inputs, env)(z))
         refs = [r for r in INCLUSION_REFERENCES if r.applies(src)]
         cert = derived.certificate
+        opts = reference_solver_options(solver_options)
         report = InclusionReport(f"{derived.derivation.rules()[-1]} layer of {src}",
-                                 str(derived.claim), cert.long_text() if cert is not None else "",
-                                 [r.kind for r in refs], tol, z_layer=out.numpy().copy())
+                                 derived.claim.statement,
+                                 cert.long_text() if cert is not None else "",
+                                 [r.kind for r in refs], tol, z_layer=out.numpy().copy(),
+                                 equilibrium=eq, residuals=[float(r) for r in res],
+                                 claim_kind=str(derived.claim.kind),
+                                 certified=cert is None or cert.holds,
+                                 block_names=[b.name for b in blocks],
+                                 solver=str(opts.get("solver", "")))
         if not eq.converged:
             report.failures.append(f"equilibrium not found: {eq.solver} stopped at relative "
                                    f"residual {eq.max_residual:.3e}")
@@ -327,9 +399,14 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
         if cert is not None and not cert.holds:
             report.notes.append("the layer's uniqueness certificate does not hold here: the "
                                 "references check that the point solves the inclusion only")
-        ctx = _Ctx(derived, src, inputs, env, outputs, reference_solver_options(solver_options),
-                   report)
+        ctx = _Ctx(derived, src, inputs, env, outputs, opts, report)
         for b in range(out.shape[0]):
             for r in refs:
                 r.run(ctx, b)
+        report.elapsed = time.perf_counter() - t0
         return report
+
+
+def handles(source: Any) -> bool:
+    """True if ``source`` is verified here rather than by the objective references."""
+    return any(r.applies(source) for r in INCLUSION_REFERENCES)

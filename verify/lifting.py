@@ -39,6 +39,7 @@ from convex_eq.affine import as_affine
 from convex_eq.errors import ConvexEqError, ShapeError
 from convex_eq.objective import Objective
 from convex_eq.symbols import State
+from convex_eq.terms.conjugate import inner_argmin
 from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import activation_box
 
@@ -74,42 +75,17 @@ class Dual:
     q_known: bool = True
 
     def argmin(self, z: np.ndarray) -> np.ndarray | None:
-        """``y(z) = argmin{Σσ̃*(y) − <q, y> : Mᵀy = z/s}``, unique (``σ̃*`` strictly convex), by
-        its Fenchel dual: ``y = σ(Mv + q)`` with ``v`` minimizing the smooth convex
-        ``Σσ̃(Mv + q) − <v, z/s>`` (Newton from ``v = z``, exact at a fixed point
-        ``z = sMᵀσ(Mz + q)``); any ``v`` with ``Mᵀσ(Mv + q) = z/s`` makes ``σ(Mv + q)`` a KKT
-        point, so the result is accepted only at constraint residual ≤ 1e-12·max(1, ||z/s||).
-        None when no such ``v`` is found (``z`` outside ``dom ψ*``, or ``q`` unknown)."""
+        """``y(z) = argmin{Σσ̃*(y) − <q, y> : Mᵀy = z/s}`` (``inner_argmin``: the Fenchel dual
+        by Newton from ``w = z``, exact at a fixed point ``z = sMᵀσ(Mz + q)``, accepted only
+        at constraint residual ~1e-12); None where it is not found (``z`` outside ``dom ψ*``)
+        or ``q`` is unknown."""
         if self.act is None or not self.q_known:
             return None
         m = torch.as_tensor(self.M, dtype=T64)
         q = torch.zeros(m.shape[0], dtype=T64) if self.q is None else torch.as_tensor(self.q)
-        t = torch.as_tensor(np.asarray(z, dtype=np.float64).reshape(-1) / self.s)
-        tol = 1e-12 * max(1.0, float(t.norm()))
-        v = t * self.s
-
-        def dual(v: torch.Tensor) -> float:
-            return float(self.act.antiderivative(m @ v + q).sum() - v @ t)
-
-        with torch.no_grad():
-            for _ in range(100):
-                u = m @ v + q
-                g = m.T @ self.act.sigma(u) - t
-                if not bool(torch.isfinite(g).all()):
-                    return None
-                if float(g.norm()) <= tol:
-                    break
-                h = m.T @ (self.act.sigma_prime(u)[:, None] * m)
-                step = torch.linalg.lstsq(h + 1e-14 * torch.eye(h.shape[0], dtype=T64),
-                                          g[:, None]).solution[:, 0]
-                f0, a = dual(v), 1.0
-                while a > 1e-12 and not dual(v - a * step) <= f0 - 1e-4 * a * float(g @ step):
-                    a *= 0.5
-                v = v - a * step
-            y = self.act.sigma(m @ v + q)
-            if not float((m.T @ y - t).norm()) <= tol * 10:
-                return None
-        return y.numpy().copy()
+        zt = torch.as_tensor(np.asarray(z, dtype=np.float64).reshape(-1))
+        y = inner_argmin(self.act, m, q, zt / self.s, start=zt)
+        return None if y is None else y.numpy().copy()
 
 
 @dataclass

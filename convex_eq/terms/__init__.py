@@ -4,7 +4,7 @@ from .base import Condition, Curvature, QuadPart, StrongConvexity, Term
 from .conjugate import SeparableAffineConjugate
 from .coupling import ChannelDecorrelation, Coupling
 from .decorrelation import BatchDecorrelation
-from .gaussian_kernel import GaussianKernel, PatchGaussianKernel
+from .gaussian_kernel import GaussianKernel, InputBandwidth, PatchGaussianKernel
 from .hsic import HSIC
 from .incay import FeatureIncay
 from .l1 import L1, LinfBallIndicator
@@ -15,7 +15,7 @@ from .quadratic import Linear, QuadraticForm, SqNorm, gram
 __all__ = [
     "HSIC", "L1", "Antiderivative", "AntiderivativeConjugate", "BatchDecorrelation",
     "ChannelDecorrelation", "Condition", "Coupling", "Curvature", "FeatureIncay",
-    "GaussianKernel", "Linear", "LinfBallIndicator", "MoreauEnvelope", "PatchGaussianKernel",
+    "GaussianKernel", "InputBandwidth", "Linear", "LinfBallIndicator", "MoreauEnvelope", "PatchGaussianKernel",
     "Potential", "PotentialConjugate", "QuadPart", "QuadraticForm", "SeparableAffineConjugate",
     "SqNorm", "StrongConvexity", "Term", "gram", "moreau",
 ]

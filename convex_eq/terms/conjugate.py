@@ -24,6 +24,41 @@ from .quadratic import QuadraticForm
 _aux_ids = itertools.count()
 
 
+def inner_argmin(act: Activation, m: torch.Tensor, q: torch.Tensor, t: torch.Tensor,
+                 start: torch.Tensor | None = None, iters: int = 100) -> torch.Tensor | None:
+    """``y = argmin{Σσ̃*(y) − <q, y> : Mᵀy = t}`` (the inner problem of ``ψ*``; unique, ``σ̃*``
+    strictly convex) through its Fenchel dual: ``y = σ(Mw + q)`` with ``w`` minimizing the
+    smooth convex ``Σσ̃(Mw + q) − <w, t>`` (Newton with backtracking from ``start``, default
+    ``t``).  Any ``w`` with ``Mᵀσ(Mw + q) = t`` makes ``σ(Mw + q)`` a KKT point, so ``y`` is
+    returned only at constraint residual ≤ 1e-11·max(1, ||t||); None otherwise (``t`` outside
+    ``dom ψ*``, or Newton did not get there).  float64 1-d tensors, ``M``: m × n."""
+    tol = 1e-12 * max(1.0, float(t.norm()))
+    w = (t if start is None else start).clone()
+
+    def dual(w: torch.Tensor) -> float:
+        return float(act.antiderivative(m @ w + q).sum() - w @ t)
+
+    eye = torch.eye(m.shape[1], dtype=m.dtype)
+    with torch.no_grad():
+        for _ in range(iters):
+            u = m @ w + q
+            g = m.T @ act.sigma(u) - t
+            if not bool(torch.isfinite(g).all()):
+                return None
+            if float(g.norm()) <= tol:
+                break
+            h = m.T @ (act.sigma_prime(u)[:, None] * m)
+            step = torch.linalg.lstsq(h + 1e-14 * eye, g[:, None]).solution[:, 0]
+            f0, a, slope = dual(w), 1.0, float(g @ step)
+            while a > 1e-12 and not dual(w - a * step) <= f0 - 1e-4 * a * slope:
+                a *= 0.5
+            w = w - a * step
+        y = act.sigma(m @ w + q)
+        if not float((m.T @ y - t).norm()) <= 10 * tol:
+            return None
+    return y
+
+
 class SeparableAffineConjugate(Term):
     """``ψ*(v)`` for ``ψ = s Σσ̃(Mz + q)``; convex, ``(1/(s L_σ ||M||²))``-strongly convex.
 
@@ -120,7 +155,18 @@ class SeparableAffineConjugate(Term):
             inner = self.act.antiderivative_conjugate(y).sum(-1) - (q * y).sum(-1)
             inner = torch.where(resid <= 1e-8 * scale, inner, torch.full_like(inner, torch.inf))
             return self.coef(env) * self.s * inner
-        return self.coef(env) * self.s * self._inner_cvxpy(m, q, target)
+        return self.coef(env) * self.s * self._inner(m, q, target)
+
+    def _inner(self, m: torch.Tensor, q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``min_y {Σσ̃*(y) − <q,y> : Mᵀy = v/s}`` per row: exact by :func:`inner_argmin`
+        (float64, to ~1e-15), else (no dual point found) by CVXPY."""
+        md, qd, td = (a.detach().to(torch.float64).cpu() for a in (m, q, target))
+        out = []
+        for qi, ti in zip(qd, td):
+            y = inner_argmin(self.act, md, qi, ti, start=ti * self.s)
+            out.append(float(self.act.antiderivative_conjugate(y).sum() - qi @ y) if y is not None
+                       else float(self._inner_cvxpy(md, qi[None], ti[None])[0]))
+        return torch.as_tensor(out, dtype=target.dtype, device=target.device)
 
     def _inner_cvxpy(self, m: torch.Tensor, q: torch.Tensor, target: torch.Tensor
                      ) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
@@ -45,6 +45,11 @@ class Budget:
         """The full run: 3 seeds, 15 epochs, 64-wide dense layers, all of MNIST-1D."""
         return cls(quick=False, seeds=(0, 1, 2), epochs=15, width=64, device=device,
                    workers=workers)
+
+    def reduced(self) -> Budget:
+        """The budget of the costly multi-branch runs: at most 8 epochs on at most 1000
+        training signals (the test set is unchanged)."""
+        return replace(self, epochs=min(self.epochs, 8), train=min(self.train or 1000, 1000))
 
     @classmethod
     def quick_budget(cls, device: str = "cpu", workers: int = 1) -> Budget:
@@ -104,6 +109,11 @@ class Results:
              **params: Any) -> Stat:
         """``metric`` of the runs ``model(**params)`` over ``seeds``, as a :class:`Stat`."""
         return Stat.of([metric(self.get(run(model, s, **params))) for s in seeds])
+
+
+def accuracy(metrics: dict[str, Any]) -> float:
+    """The test accuracy of a run's metrics (for :meth:`Results.stat`)."""
+    return float(metrics["accuracy"])
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .registry import (
     RunSpec,
     Stat,
     Verdict,
+    accuracy,
     all_of,
     decreasing,
     greater,
@@ -25,11 +26,6 @@ from .registry import (
     register_experiment,
     run,
 )
-
-
-def _acc(m: dict[str, Any]) -> float:
-    return float(m["accuracy"])
-
 
 # ============================================================================ Tab. 3(b): R*_z
 #: the paper's λ values (TPAMI Tab. 3(b)); the norm each regulariser lowers
@@ -48,7 +44,7 @@ def _norm_summary(b: Budget, r: Results) -> dict[str, Any]:
             "lam": list(lams),
             "norm": [r.stat("opteq", b.seeds, lambda m, k=key: m["features"][k], reg=reg,
                             lam=lam) for lam in lams],
-            "acc": [r.stat("opteq", b.seeds, _acc, reg=reg, lam=lam) for lam in lams],
+            "acc": [r.stat("opteq", b.seeds, accuracy, reg=reg, lam=lam) for lam in lams],
         }
     return out
 
@@ -122,7 +118,7 @@ def _alpha_runs(b: Budget) -> list[RunSpec]:
 
 def _alpha_summary(b: Budget, r: Results) -> dict[str, Any]:
     return {"alpha": list(ALPHAS),
-            "acc": [r.stat("deep_opteq", b.seeds, _acc, L=DEPTH, alpha=a, backward="unroll",
+            "acc": [r.stat("deep_opteq", b.seeds, accuracy, L=DEPTH, alpha=a, backward="unroll",
                            K=K_TRAIN) for a in ALPHAS]}
 
 
@@ -187,7 +183,7 @@ def _t8_runs(b: Budget) -> list[RunSpec]:
 
 def _t8_summary(b: Budget, r: Results) -> dict[str, Any]:
     def row(p: dict[str, Any]) -> dict[str, Stat]:
-        return {"acc": r.stat("deep_opteq", b.seeds, _acc, **p),
+        return {"acc": r.stat("deep_opteq", b.seeds, accuracy, **p),
                 **{k: r.stat("deep_opteq", b.seeds, lambda m, k=k: m["timing"][k], **p)
                    for k in ("residual", "infer_s", "backprop_s")}}
 

@@ -52,12 +52,13 @@ def _env_key(syms: list[Any], env: Env | None) -> tuple | None:
     return tuple(key)
 
 
-class _Constants:
-    """``(m, L)`` of an inclusion at ``env`` (float64, cached per weight version)."""
+class _PerWeights:
+    """A pair of floats computed from the float64 weights at ``env``, cached per weight
+    version (``compute(env64)``)."""
 
-    def __init__(self, inc: Inclusion):
-        self.inc = inc
-        self._syms = [s for s in inc.symbols if s.kind in ("weight", "constant", "scalar")]
+    def __init__(self, syms: list[Any], compute: Any):
+        self._syms = [s for s in syms if s.kind in ("weight", "constant", "scalar")]
+        self._compute = compute
         self._key: Any = None
         self._val: tuple[float, float] = (math.nan, math.nan)
 
@@ -67,35 +68,31 @@ class _Constants:
             return self._val
         e64 = None if env is None else {k: v.detach().to(torch.float64).cpu()
                                          for k, v in env.items()}
-        cert = self.inc.certificate(e64)
+        self._val = self._compute(e64)
+        self._key = key
+        return self._val
+
+
+class _Constants(_PerWeights):
+    """``(m, L)`` of an inclusion at ``env``."""
+
+    def __init__(self, inc: Inclusion):
+        self.inc = inc
+        super().__init__(inc.symbols, self._margin_lipschitz)
+
+    def _margin_lipschitz(self, env: Env | None) -> tuple[float, float]:
+        cert = self.inc.certificate(env)
         if not cert.holds:
             raise LoweringError(f"the inclusion is not strongly monotone at these weights "
                                 f"({cert.why})", term=str(self.inc),
                                 hint="use a parametrisation that is monotone for every weight "
                                 "(MonotoneMatrix)")
-        self._val = (cert.margin, cert.lipschitz)
-        self._key = key
-        return self._val
+        return cert.margin, cert.lipschitz
 
 
-class _Steps:
-    """Chambolle–Pock steps ``τ = σ = 0.9/||K||₂`` at ``env`` (cached per weight version)."""
-
-    def __init__(self, sad: Saddle):
-        self.sad = sad
-        self._syms = [s for s in sad.K.symbols() if s.kind in ("weight", "constant")]
-        self._key: Any = None
-        self._val = (math.nan, math.nan)
-
-    def __call__(self, env: Env | None) -> tuple[float, float]:
-        key = _env_key(self._syms, env)
-        if key is not None and key == self._key:
-            return self._val
-        e64 = None if env is None else {k: v.detach().to(torch.float64).cpu()
-                                         for k, v in env.items()}
-        self._val = saddle_step_sizes(self.sad.K, e64)
-        self._key = key
-        return self._val
+def _steps(sad: Saddle) -> _PerWeights:
+    """Chambolle–Pock steps ``τ = σ = 0.9/||K||₂`` at ``env``."""
+    return _PerWeights(sad.K.symbols(), lambda env: saddle_step_sizes(sad.K, env))
 
 
 def fb_step(m: float, lip: float) -> float:
@@ -193,8 +190,7 @@ class ResolventNode(_IncNode):
         z = self.g.prox(u, a, Z, env)
         if self.output:
             return z
-        zero = torch.zeros_like(u)
-        q = -self._F(Z, zero, env)  # F(z) = Mz − q
+        q = -self.inc.affine_part({**Z, self.inc.z.name: u}, env)  # F(z) = Mz − q
         lu, piv = self._factor(u, Z, env, a)
         rhs = (2 * z - u + a * q).T
         w = torch.linalg.lu_solve(lu, piv, rhs).T
@@ -228,7 +224,7 @@ class ChambollePockNode(Node):
     """One block of Chambolle–Pock: ``z⁺ = prox_{τG}(z − τKᵀw)`` or
     ``w⁺ = prox_{σH}(w + σ(K(2z⁺ − z) + c))``."""
 
-    def __init__(self, sad: Saddle, steps: _Steps, dual: bool):
+    def __init__(self, sad: Saddle, steps: _PerWeights, dual: bool):
         self.sad, self.steps, self.dual = sad, steps, dual
         self.G, self.H = sad.G, sad.H
 
@@ -293,6 +289,14 @@ def _check_g(inc: Inclusion) -> None:
                             hint="keep one prox-able term in g (plus ½||z||² and linear terms)")
 
 
+def _prepare(m: Match) -> tuple[Inclusion, MonotonicityCertificate, _Constants]:
+    """The inclusion of a match, checked (prox-able ``g``, strongly monotone ``F``), with its
+    certificate and its step-size constants."""
+    inc: Inclusion = m.objective
+    _check_g(inc)
+    return inc, inc.require_strongly_monotone(), _Constants(inc)
+
+
 def _claim(inc: Inclusion, cert: MonotonicityCertificate) -> Claim:
     where = (f" for every {', '.join(cert.weights)}" if cert.for_every_weight and cert.weights
              else "" if cert.for_every_weight else " at the declared weights")
@@ -351,10 +355,7 @@ class ForwardBackwardSplitting:
         return None
 
     def lower(self, m: InclusionMatch, ctx: LowerContext) -> DerivedLayer:
-        inc: Inclusion = m.objective
-        _check_g(inc)
-        cert = inc.require_strongly_monotone()
-        consts = _Constants(inc)
+        inc, cert, consts = _prepare(m)
         node = ForwardBackwardNode(inc, consts)
         mm, lip = cert.margin, cert.lipschitz
         a = fb_step(mm, lip)
@@ -392,10 +393,7 @@ class ResolventSplitting:
     def lower(self, m: InclusionMatch, ctx: LowerContext) -> DerivedLayer:
         from convex_eq.symbols import State
 
-        inc: Inclusion = m.objective
-        _check_g(inc)
-        cert = inc.require_strongly_monotone()
-        consts = _Constants(inc)
+        inc, cert, consts = _prepare(m)
         u = State(f"u_{inc.z.name}", inc.z.shape)
         relax = 2.0 if m.method == "peaceman-rachford" else 1.0
         node = ResolventNode(inc, consts, u, relax)
@@ -446,7 +444,7 @@ class ChambollePock:
                 raise LoweringError(f"{part} has no closed-form prox: {why}", term=str(obj),
                                     hint=f"keep one prox-able term in {part} (plus ½||·||² and "
                                     "linear terms)")
-        steps_fn = _Steps(sad)
+        steps_fn = _steps(sad)
         nz = ChambollePockNode(sad, steps_fn, dual=False)
         nw = ChambollePockNode(sad, steps_fn, dual=True)
         mu_g, mu_h = sad.moduli()
@@ -466,7 +464,7 @@ class ChambollePock:
                  f"τ = σ = 0.9/||K||₂ (= {0.9 / knorm if knorm > 0 else 1.0:.4g} now, "
                  "re-derived from the weights at every forward) so τσ||K||₂² = 0.81 < 1: the "
                  "iteration is averaged in the metric [[I/τ, −Kᵀ], [−K, I/σ]]" +
-                 ("; linear rate (G and H strongly convex)" if cert.holds else ""),
+                 ("; G and H strongly convex: the saddle point is unique" if cert.holds else ""),
                  ("0 ∈ ∂G(z) + Kᵀw, 0 ∈ ∂H(w) − Kz − c"),
                  (z, " ← ", nz, ";  ", w, " ← ", nw),
                  note="fixed points are exactly the saddle points"),

@@ -33,7 +33,7 @@ from . import cases
 from ._common import ReferenceFailure
 from .converter import lemma12_converter
 from .deep import corollary1_cvxpy, lemma3_theorem2_multiblock, theorem3_wide_limit
-from .geq import geq_prop3_lipschitz, geq_stationary
+from .geq import geq_prop3_lipschitz, geq_prop3_paper, geq_stationary
 from .mopteq import mopteq_prop1_stationary, mopteq_prop2_perturbation_bound
 from .moreau import moreau_edit_keeps_fixed_points
 from .regularizers import theorem4_gradient_variant, theorem4_prox_variant
@@ -97,8 +97,11 @@ PROPERTIES: tuple[Property, ...] = (
     Property("geq_stationary", geq_stationary, lambda: S.geq_cases(),
              "GEQ: equilibrium is a stationary point of G", "docs/theory.md §3 rows 2-3"),
     Property("geq_prop3_lipschitz", geq_prop3_lipschitz, lambda: S.geq_cases(),
-             "GEQ Prop. 3: measured Lipschitz ratios under the derived bounds",
-             "GEQ paper §3.4"),
+             "GEQ: measured Lipschitz ratios under the derived contraction bounds (the "
+             "structure behind Prop. 3, not its statement)", "docs/theory.md §3 rows 2-3"),
+    Property("geq_prop3_paper", geq_prop3_paper, lambda: S.geq_prop3_cases(),
+             "GEQ Prop. 3, Eq. (11): ||z*(x₁) − z*(x₂)|| ≤ κ/(1 − κ)||x₁ − x₂||, "
+             "κ = β_max μ² + √γ B μ³", "GEQ paper §3.4"),
 )
 
 __all__ = [
@@ -108,6 +111,7 @@ __all__ = [
     "cases",
     "corollary1_cvxpy",
     "geq_prop3_lipschitz",
+    "geq_prop3_paper",
     "geq_stationary",
     "lemma3_theorem2_multiblock",
     "lemma5_prox_characterization",

@@ -250,13 +250,47 @@ def geq_cases(draw: Any, acts: tuple[str, ...] = ACTIVATIONS, patch: bool | None
     d = draw(st.integers(1, 4))
     bsz = draw(st.integers(1, 3))
     W = draw(spectral_matrices(p, n, norm))
-    U = draw(arrays((p, d))) / np.sqrt(d)
+    U = draw(spectral_matrices(p, d, (0.3, 1.0), min_ratio=0.2))  # never 0: x moves q
     b = draw(arrays((p,), -0.5, 0.5))
     wh = draw(spectral_matrices(4, draw(st.integers(1, 4)), (0.3, 1.0))) if use_patch else None
-    xs = [draw(arrays((bsz, d), -2.0, 2.0)) for _ in range(2)]
+    x = draw(arrays((bsz, d), -2.0, 2.0))
+    x2 = x + draw(_offsets(bsz, d))  # never x₂ = x₁ (a vacuous input-Lipschitz pair)
     zs = [draw(arrays((bsz, n), -2.0, 2.0)) for _ in range(2)]
-    return geq_case(W, U, b, xs[0], xs[1], zs[0], zs[1], activation=draw(activations(acts)),
+    return geq_case(W, U, b, x, x2, zs[0], zs[1], activation=draw(activations(acts)),
                     gamma=draw(st.floats(0.05, 2.0)), W_h=wh)
+
+
+@st.composite
+def _offsets(draw: Any, bsz: int, d: int) -> np.ndarray:
+    """Per-row offsets ``δ`` with ``||δ|| ∈ [0.05, 1]`` (a shrunk all-zero direction → ones)."""
+    dirs = draw(arrays((bsz, d), -1.0, 1.0))
+    dirs[np.linalg.norm(dirs, axis=1) < 1e-3] = 1.0
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    return dirs * draw(arrays((bsz, 1), 0.05, 1.0))
+
+
+@st.composite
+def geq_prop3_cases(draw: Any) -> GEQCase:
+    """GEQ Proposition 3's assumptions, drawn so that the statement is informative: σ = ReLU,
+    the whole-vector kernel, ``||W||₂, ||U||₂ ∈ [0.1, 0.9]`` (``μ < 1``), ``U`` of full column
+    rank (``Δx ≠ 0`` moves ``q``), ``b ∈ [0.2, 1]`` and ``W``'s column signs with
+    ``Wᵀb ≥ 0`` (ReLU units on; ``||W||₂`` unchanged), ``γ ∈ [0.005, 0.25]``
+    (``κ < 1`` for most draws) and a second input ``x₂ = x₁ + δ`` with ``||δ|| ∈ [0.05, 1]``
+    (never ``x₂ = x₁``: the vacuous pairs of independent draws)."""
+    n = draw(st.integers(2, 6))
+    p = draw(st.integers(2, 6))
+    d = draw(st.integers(1, min(4, p)))
+    bsz = draw(st.integers(1, 3))
+    W = draw(spectral_matrices(p, n, (0.1, 0.9)))
+    U = draw(spectral_matrices(p, d, (0.1, 0.9), min_ratio=0.2))
+    b = draw(arrays((p,), 0.2, 1.0))
+    sign = np.sign(W.T @ b)
+    W = W * np.where(sign == 0, 1.0, sign)  # columns with Wᵀb ≥ 0: ReLU units on at z = 0
+    x = draw(arrays((bsz, d), -2.0, 2.0))
+    x2 = x + draw(_offsets(bsz, d))
+    zs = [draw(arrays((bsz, n), -2.0, 2.0)) for _ in range(2)]
+    return geq_case(W, U, b, x, x2, zs[0], zs[1], activation="relu",
+                    gamma=draw(st.floats(0.005, 0.25)))
 
 
 @st.composite
