@@ -34,12 +34,14 @@ class DeepComposition:
             raise ScaleError(f"α = {a} must lie in (0, 1]", term=self.name)
         al = self.alpha
         if isinstance(al, Scalar) and al.learnable and (
-                al.low is None or al.low < 0 or al.high is None or al.high > 1):
-            raise ScaleError(f"learnable α '{al.name}' has the range [{al.low}, {al.high}], "
-                             "not inside (0, 1] (the skip connection's condition)",
-                             term=self.name,
-                             hint=f"declare Scalar('{al.name}', {a:g}, low=0, low_open=True, "
-                             "high=1, learnable=True)")
+                al.low is None or al.low <= 0 or al.high is None or al.high > 1):
+            raise ScaleError(f"learnable α '{al.name}' has the range [{al.low}, {al.high}]; it "
+                             "needs 0 < low and high ≤ 1: α ∈ (0, 1] is the skip connection's "
+                             "condition, and the solver's stop test measures the residual of "
+                             "αT + (1 − α)I, which shrinks with α (a positive floor keeps it "
+                             "meaningful)", term=self.name,
+                             hint=f"declare Scalar('{al.name}', {a:g}, low=0.05, high=1, "
+                             "learnable=True)")
         sizes = set()
         for i, phi in enumerate(self.layers):
             if len(phi.states) != 1:

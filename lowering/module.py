@@ -427,8 +427,10 @@ class EquilibriumModule(nn.Module):
                 if self.on_nonconvergence != "mask":
                     raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
                                          f"{_indices(bad)}", term="forward",
-                                         hint="clean those samples, or pass "
-                                         "on_nonconvergence='mask' to drop them from the batch")
+                                         hint="clean those samples" + (
+                                             "" if self._batch_coupled else ", or pass "
+                                             "on_nonconvergence='mask' to drop them from the "
+                                             "batch"))
                 bad_in |= bad
         return bad_in
 
@@ -542,8 +544,10 @@ class EquilibriumModule(nn.Module):
         if self.weight_control is None and norm_conditions(self.derived):
             tips.append("keep the certified norms below their bounds with "
                         "weight_control='spectral_norm' (off here)")
-        if self.on_nonconvergence == "raise":
+        if self.on_nonconvergence == "raise" and not self._batch_coupled:
             tips.append("or pass on_nonconvergence='mask' to drop failing samples")
+        elif self.on_nonconvergence == "raise":
+            tips.append("or pass on_nonconvergence='warn' to train through it")
         return ", ".join(tips)
 
     def _contraction_text(self) -> str:

@@ -21,7 +21,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import functional as F
@@ -143,23 +143,28 @@ def check_learnable(derived: DerivedLayer, names: list[str], T: Callable[..., to
                               hint=f"declare '{n}' fixed (learnable=False); see docs/guide.md, "
                               "'Learnable hyper-parameters', for the scalars that train")
     source = derived.source
+    options = dict(derived.lower_options or {})
     for s in derived.parameters:
         if s.name not in names or relower is None:
             continue
-        base = _conditions(derived)
-        other = _other_value(s)
-        old = s.value
-        try:
-            s.value = as_tensor(other)
-            moved = _conditions(relower(source, **dict(derived.lower_options or {})))
-        finally:
-            s.value = old
-        if moved != base:
+        old = float(s.value)
+        sigs = {}
+        for v in (old, _other_value(s)):
+            prev = s.value
+            try:
+                s.value = as_tensor(v)
+                sigs[v] = _signature(relower(source, **options))
+            finally:
+                s.value = prev
+        (v0, base), (v1, moved) = sigs.items()
+        diff = _first_difference(base, moved)
+        if diff is not None:
             raise OptionError(f"scalar '{s.name}' is declared learnable, but the layer's "
-                              f"certificate depends on its value ({'; '.join(base) or 'none'} "
-                              f"at {s.name} = {float(old):g}, {'; '.join(moved) or 'none'} at "
-                              f"{s.name} = {other:g}): trained, the certificate would be false",
-                              term=s.name, hint=f"declare '{s.name}' fixed (learnable=False)")
+                              f"derivation depends on its value ({diff[0]}: {diff[1]!r} at "
+                              f"{s.name} = {v0:g}, {diff[2]!r} at {s.name} = {v1:g}): "
+                              "trained, its certificate or step sizes would be those of the "
+                              "declared value", term=s.name,
+                              hint=f"declare '{s.name}' fixed (learnable=False)")
 
 
 def _rules(derived: DerivedLayer) -> str:
@@ -168,9 +173,29 @@ def _rules(derived: DerivedLayer) -> str:
     return "rules: " + ", ".join(n for n in names if n) if names else "its rule"
 
 
-def _conditions(derived: DerivedLayer) -> list[str]:
+def _signature(derived: DerivedLayer) -> list[tuple[str, Any]]:
+    """What must not move with a learnable scalar: the certificate (kind, each condition's
+    text, bound and measured value at the declared values) and every derivation step's text
+    (step sizes and constants a rule computed from the value print there)."""
     cert = derived.certificate
-    return [] if cert is None else [c.text for c in cert.conditions]
+    out: list[tuple[str, Any]] = [("certificate", None if cert is None else cert.kind)]
+    for c in [] if cert is None else cert.conditions:
+        out.append(("condition", c.text))
+        out.append((f"bound of {c.text}", float(c.bound)))
+        out.append((f"value of {c.text}", round(float(c.value(None)), 12)))
+    for i, st in enumerate(getattr(derived.derivation, "steps", ())):
+        out.append((f"derivation step {i + 1}", st.text(i + 1)))
+    return out
+
+
+def _first_difference(a: list[tuple[str, Any]], b: list[tuple[str, Any]]
+                      ) -> tuple[str, Any, Any] | None:
+    if len(a) != len(b):
+        return ("derivation", len(a), len(b))
+    for (ka, va), (_, vb) in zip(a, b):
+        if va != vb:
+            return (ka, va, vb)
+    return None
 
 
 def _other_value(s: Scalar) -> float:

@@ -26,7 +26,7 @@ F64 = torch.float64
 
 
 def _alpha(v: float = 0.5) -> Scalar:
-    return Scalar("alpha", v, low=0.0, low_open=True, high=1.0, learnable=True)
+    return Scalar("alpha", v, low=0.05, high=1.0, learnable=True)
 
 
 def _deep(alpha: Scalar, seed: int = 0) -> DeepComposition:
@@ -60,7 +60,7 @@ def test_parametrization_round_trip_and_range(key: tuple[bool, bool]) -> None:
 def test_learnable_scalar_must_start_inside_its_range() -> None:
     with pytest.raises(ScaleError, match="starts on a bound"):
         Scalar("alpha", 1.0, low=0.0, low_open=True, high=1.0, learnable=True)
-    with pytest.raises(ScaleError, match=r"not inside \(0, 1\]"):
+    with pytest.raises(ScaleError, match="needs 0 < low and high ≤ 1"):
         DeepComposition(deep_opteq(L=2, n=4, m=4, d=2).layers,
                         Scalar("alpha", 0.5, low=0.0, high=2.0, learnable=True))
 
@@ -81,8 +81,8 @@ def test_deep_alpha_gradient_matches_finite_differences_and_verify_uses_trained_
     # solver error/h ≈ 1e-6 relative; 1e-5 is ten times that
     assert abs(g - fd) <= 1e-5 * max(1.0, abs(fd)), (g, fd)
     with torch.no_grad():
-        p.fill_(1.5)  # α = sigmoid(1.5) ≈ 0.82, far from the declared 0.5
-    assert abs(module.scalar_values()["alpha"] - 1 / (1 + math.exp(-1.5))) < 1e-12
+        p.fill_(1.5)  # α = 0.05 + 0.95·sigmoid(1.5) ≈ 0.82, far from the declared 0.5
+    assert abs(module.scalar_values()["alpha"] - (0.05 + 0.95 / (1 + math.exp(-1.5)))) < 1e-12
     rep = verify.check(module, x)
     assert rep.passed, rep.failures
     # the reference is the Corollary 1 objective at the trained α: with the declared α it fails
@@ -131,7 +131,7 @@ def test_l1_lambda_learnable_and_l2_lambda_refused() -> None:
     fd = _fd(module, p, loss)
     assert abs(float(p.grad) - fd) <= 1e-5 * max(1.0, abs(fd))  # as in the α test above
     lam2 = Scalar("lam", 0.1, low=0.0, learnable=True)
-    with pytest.raises(OptionError, match="certificate depends on its value"):
+    with pytest.raises(OptionError, match="derivation depends on its value"):
         lowering.lower(Objective([*base.terms, lam2 * SqNorm(z)])).torch_module(dtype=F64)
 
 
@@ -219,3 +219,26 @@ def test_moreau_envelope_mu_learnable() -> None:
     p = module.scalar_params["mu"]
     fd = _fd(module, p, loss)
     assert abs(float(p.grad) - fd) <= 1e-5 * max(1.0, abs(fd))  # as in the α test above
+
+
+def test_value_dependent_condition_and_step_size_are_refused() -> None:
+    """Two ways a learnable scalar could move what the lowering computed from its declared value
+    without changing any condition's text: the generic condition "λ_min(Q) ≥ 0" (its measured
+    value moves with λ), and a forward–backward step τ = 1/L computed from λ."""
+    from convex_eq import Input, State, Weight
+    from convex_eq.models import spectral_weight
+
+    base = opteq(n=6, m=6, d=3, weight_norm=0.5)
+    z = base.states[0]
+    w2 = spectral_weight("W2", (6, 6), 0.5, seed=7)
+    lam = Scalar("lam", 0.5, low=0.0, learnable=True)
+    with pytest.raises(OptionError, match="value of λ_min"):
+        lowering.lower(Objective([*base.terms, -(lam * SqNorm(w2 @ z))])).torch_module(
+            dtype=F64, weight_control=None)
+    zz, x = State("z", 6), Input("x", 8)
+    a = Weight("A", (8, 6), torch.randn(8, 6, dtype=F64,
+                                        generator=torch.Generator().manual_seed(0)) / 3)
+    lam2 = Scalar("lam", 1.0, low=0.0, learnable=True)
+    with pytest.raises(OptionError, match="derivation step"):
+        lowering.lower(Objective([0.1 * L1(zz), lam2 * SqNorm(a @ zz - x)])).torch_module(
+            dtype=F64)

@@ -58,6 +58,12 @@ class MoreauEnvelope(Term):
         self.mu_value(env)
         return scalar_coef(self.mu, env)
 
+    @property
+    def batch_coupled(self) -> bool:  # type: ignore[override]
+        """Coupled across the batch when a term of the inner objective is (e.g. a batch
+        decorrelation inside the envelope)."""
+        return any(getattr(t, "batch_coupled", False) for t in self.inner.terms)
+
     def symbols(self) -> list[Symbol]:
         """The inner objective's symbols and ``μ`` when it is a ``Scalar``."""
         out = list(self.inner.symbols)
