@@ -75,6 +75,10 @@ class Symbol:
     def latex(self) -> str:
         return _latex_name(self.name)
 
+    def text(self) -> str:
+        """The symbol as printed in derivations and formulas: its name."""
+        return self.name
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, shape={self.shape})"
 
