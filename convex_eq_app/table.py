@@ -18,7 +18,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,20 +266,27 @@ def run(out: str | Path = "convex_eq_table", cfg: TableConfig | None = None,
     jobs = [Job(n, s, cfg, str(log)) for s in cfg.seeds for n in order]
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
+    done = out / "rows.jsonl"  # each finished model at once (a cut-off run keeps them)
+    done.write_text("")
+    rows: list[Row] = []
+
+    def finished(r: Row) -> None:
+        rows.append(r)
+        with open(done, "a") as f:
+            f.write(json.dumps({"name": r.name, "seed": r.seed, **asdict(r.result)},
+                               default=float) + "\n")
+        if progress:
+            print(f"[{time.perf_counter() - t0:7.0f} s] {r.name} seed {r.seed}: "
+                  f"{100 * r.result.accuracy:.1f} % ({r.result.train_time:.0f} s)", flush=True)
+
     if cfg.workers <= 1:
-        rows = [run_job(j) for j in jobs]
+        for j in jobs:
+            finished(run_job(j))
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(cfg.workers, mp_context=ctx) as pool:
-            futures = [pool.submit(run_job, j) for j in jobs]
-            rows = []
-            for f in futures:
-                rows.append(f.result())
-                if progress:
-                    r = rows[-1]
-                    print(f"[{time.perf_counter() - t0:7.0f} s] {r.name} seed {r.seed}: "
-                          f"{100 * r.result.accuracy:.1f} % ({r.result.train_time:.0f} s)",
-                          flush=True)
+            for f in as_completed([pool.submit(run_job, j) for j in jobs]):
+                finished(f.result())
     rank = {n: i for i, n in enumerate(model_names(cfg))}
     rows.sort(key=lambda r: (rank[r.name], r.seed))
     wall = time.perf_counter() - t0

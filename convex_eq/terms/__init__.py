@@ -15,7 +15,7 @@ from .quadratic import Linear, QuadraticForm, SqNorm, gram
 __all__ = [
     "HSIC", "L1", "Antiderivative", "AntiderivativeConjugate", "BatchDecorrelation",
     "ChannelDecorrelation", "Condition", "Coupling", "Curvature", "FeatureIncay",
-    "GaussianKernel", "InputBandwidth", "Linear", "LinfBallIndicator", "MoreauEnvelope", "PatchGaussianKernel",
-    "Potential", "PotentialConjugate", "QuadPart", "QuadraticForm", "SeparableAffineConjugate",
-    "SqNorm", "StrongConvexity", "Term", "gram", "moreau",
+    "GaussianKernel", "InputBandwidth", "Linear", "LinfBallIndicator", "MoreauEnvelope",
+    "PatchGaussianKernel", "Potential", "PotentialConjugate", "QuadPart", "QuadraticForm",
+    "SeparableAffineConjugate", "SqNorm", "StrongConvexity", "Term", "gram", "moreau",
 ]
