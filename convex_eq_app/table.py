@@ -305,6 +305,9 @@ def run(out: str | Path = "convex_eq_table", cfg: TableConfig | None = None,
 def table(rows: list[Row], cfg: TableConfig, meta: dict[str, Any]) -> str:
     """Markdown table: mean (± spread over seeds) accuracy, params, solver statistics."""
     part = "validation (10 % of train)" if cfg.val else "test"
+    sizes = "3600 train / 400 validation" if cfg.val else "4000 train / 1000 test"
+    if cfg.train_subset:
+        sizes = f"quick mode: the first {cfg.train_subset} signals of each part"
     lines = [f"| model | {part} acc. (%) | seeds | params | mean fwd iters (test) | "
              "steps at iteration cap (fwd / adjoint) | s / epoch | verification of the trained "
              "layer |", "|---|---|---|---|---|---|---|---|"]
@@ -327,7 +330,7 @@ def table(rows: list[Row], cfg: TableConfig, meta: dict[str, Any]) -> str:
         lines.append(f"| {name} (published by the MNIST-1D authors) | {acc:.0f} | — | — | — | — "
                      "| — | — |")
     lines += ["", f"MOptEq fusion: {cfg.mopteq_fusion}, λ = {cfg.lam:g}, PE ε = {cfg.pe_eps:g}. "
-              f"MNIST-1D generated locally (4000 train / 1000 test), {cfg.epochs} epochs, "
+              f"MNIST-1D generated locally ({sizes}), {cfg.epochs} epochs, "
               f"Adam lr {cfg.lr:g} (cosine), batch {cfg.batch}, shift augmentation ±{cfg.shift} "
               f"for every model, seeds {list(cfg.seeds)}; equilibrium layers: tol {cfg.tol:g}, "
               f"at most {cfg.max_iter} iterations (adjoint {2 * cfg.max_iter}). Wall time "

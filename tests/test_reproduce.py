@@ -119,3 +119,11 @@ def test_cli_lists_claims_and_rejects_an_unknown_one(capsys: pytest.CaptureFixtu
     assert all(k in listed for k in CLAIMS)
     assert main(["reproduce", "--only", "no_such_claim", "--out", "unused"]) == 2
     assert "no claim matches" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error path needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture,
+                                              tmp_path: object) -> None:
+    assert main(["reproduce", "--quick", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--device cpu" in err

@@ -203,6 +203,8 @@ def _t8_plot(ms: dict[str, Any], out: Path) -> str:
             ax.axhline(scale * row[key].mean, color=f"C{i + 1}", ls="--", lw=1,
                        label=f"IFT thd {t:g}")
         ax.set(xscale="log", xlabel="K", ylabel=lab)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
         if key == "residual":
             ax.set_yscale("log")
         ax.legend(fontsize=7)

@@ -74,20 +74,22 @@ class _PerWeights:
 
 
 class _Constants(_PerWeights):
-    """``(m, L)`` of an inclusion at ``env``."""
+    """``(m, L)`` of an inclusion at ``env``; ``estimate``: ``L`` may be an estimate of
+    ``||M||₂`` (a step that only has to be positive), else an upper bound (forward–backward)."""
 
-    def __init__(self, inc: Inclusion):
-        self.inc = inc
+    def __init__(self, inc: Inclusion, estimate: bool = False):
+        self.inc, self.estimate = inc, estimate
         super().__init__(inc.symbols, self._margin_lipschitz)
 
     def _margin_lipschitz(self, env: Env | None) -> tuple[float, float]:
-        cert = self.inc.certificate(env)
-        if not cert.holds:
+        mo = self.inc.margin(env)
+        if not mo.value > 0:
             raise LoweringError(f"the inclusion is not strongly monotone at these weights "
-                                f"({cert.why})", term=str(self.inc),
+                                f"({mo.why})", term=str(self.inc),
                                 hint="use a parametrisation that is monotone for every weight "
                                 "(MonotoneMatrix)")
-        return cert.margin, cert.lipschitz
+        lip = self.inc.lipschitz_estimate(env) if self.estimate else self.inc.lipschitz(env)
+        return mo.value, lip
 
 
 def _steps(sad: Saddle) -> _PerWeights:
@@ -289,12 +291,13 @@ def _check_g(inc: Inclusion) -> None:
                             hint="keep one prox-able term in g (plus ½||z||² and linear terms)")
 
 
-def _prepare(m: Match) -> tuple[Inclusion, MonotonicityCertificate, _Constants]:
+def _prepare(m: Match, estimate: bool = False
+             ) -> tuple[Inclusion, MonotonicityCertificate, _Constants]:
     """The inclusion of a match, checked (prox-able ``g``, strongly monotone ``F``), with its
     certificate and its step-size constants."""
     inc: Inclusion = m.objective
     _check_g(inc)
-    return inc, inc.require_strongly_monotone(), _Constants(inc)
+    return inc, inc.require_strongly_monotone(), _Constants(inc, estimate)
 
 
 def _claim(inc: Inclusion, cert: MonotonicityCertificate) -> Claim:
@@ -368,7 +371,7 @@ class ForwardBackwardSplitting:
              "prox_{αg}(z − αF(z))"),
             (Var(inc.z), " ← ", node),
             note="fixed points are exactly the solutions of the inclusion"))
-        contraction = Contraction("√(1 − m²/L²), α = m/L²", "\\sqrt{1 - m^2/L^2}",
+        contraction = Contraction("√(1 − m²/L²) with α = m/L²", "\\sqrt{1 - m^2/L^2}",
                                   lambda env, c=consts: fb_factor(*c(env)))
         return DerivedLayer(source=inc, blocks=[inc.z], nodes={inc.z.name: node},
                             derivation=Derivation(steps), claim=_claim(inc, cert),
@@ -393,12 +396,12 @@ class ResolventSplitting:
     def lower(self, m: InclusionMatch, ctx: LowerContext) -> DerivedLayer:
         from convex_eq.symbols import State
 
-        inc, cert, consts = _prepare(m)
+        inc, cert, consts = _prepare(m, estimate=True)
         u = State(f"u_{inc.z.name}", inc.z.shape)
         relax = 2.0 if m.method == "peaceman-rachford" else 1.0
         node = ResolventNode(inc, consts, u, relax)
         out = ResolventNode(inc, consts, u, relax, output=True)
-        mm, lip = cert.margin, cert.lipschitz
+        mm, lip = consts(None)
         a = pr_step(mm, lip)
         c = pr_factor(mm, lip, a)
         title = "Peaceman–Rachford" if relax == 2.0 else "Douglas–Rachford"
@@ -418,8 +421,8 @@ class ResolventSplitting:
                      if relax == 2.0 else
                      (lambda env, cs=consts: 0.5 * (1 + pr_factor(*cs(env), pr_step(*cs(env))))))
         contraction = Contraction(
-            "√(1 − 4αm/(1 + 2αm + α²L²)), α = 1/L" if relax == 2.0 else
-            "(1 + √(1 − 4αm/(1 + 2αm + α²L²)))/2, α = 1/L",
+            "√(1 − 4αm/(1 + 2αm + α²L²)) with α = 1/L" if relax == 2.0 else
+            "(1 + √(1 − 4αm/(1 + 2αm + α²L²)))/2 with α = 1/L",
             "\\sqrt{1 - \\frac{4\\alpha m}{1 + 2\\alpha m + \\alpha^2 L^2}}", factor_fn)
         return DerivedLayer(source=inc, blocks=[u], nodes={u.name: node},
                             derivation=Derivation(steps), claim=_claim(inc, cert),
