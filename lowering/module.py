@@ -213,7 +213,6 @@ class EquilibriumModule(nn.Module):
         """Pickle support: a derived layer that cannot be pickled (closures in its contraction
         estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
         state = self.__dict__.copy()
-        state.pop("_step_c", None)  # a compiled step is rebuilt on demand
         try:
             import pickle
 
@@ -386,9 +385,7 @@ class EquilibriumModule(nn.Module):
         if self.backward == "unroll":
             z_star, stats = self._unroll(f, z0)
         else:
-            # under torch.compile(module): the solver loop runs eager, the step T compiled
-            step = (tensors, keys_in, keys_env) if torch.compiler.is_compiling() else None
-            z_star, stats = self._solve(f, z0, inputs, env, step)
+            z_star, stats = self._solve(f, z0, inputs, env)
         ok = self._judge(stats, bad_in)
         if bool(ok.all()):
             z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0)
@@ -460,32 +457,12 @@ class EquilibriumModule(nn.Module):
         problem = FixedPointProblem(fn, tensors, adj, sink)
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
-    def _flat_T(self, z: torch.Tensor, ts: list[torch.Tensor], keys_in: list[str],
-                keys_env: list[str]) -> torch.Tensor:
-        n = len(keys_in)
-        return self.T(z, dict(zip(keys_in, ts[:n])), dict(zip(keys_env, ts[n:])))
-
-    def _compiled_step(self) -> Any:
-        """``T`` compiled once per module (created outside dynamo's tracing, where
-        ``torch.compile`` would return the function unchanged): under ``torch.compile(module)``
-        the step is compiled and the data-dependent solver loop runs eager around it
-        (docs/guide.md, "torch.compile")."""
-        if self.__dict__.get("_step_c") is None:
-            self.__dict__["_step_c"] = torch.compile(self._flat_T, dynamic=False)
-        return self.__dict__["_step_c"]
-
     @compile_disabled
-    def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
-               step: tuple[list[torch.Tensor], list[str], list[str]] | None = None
+    def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
                ) -> tuple[torch.Tensor, SolverStats]:
-        """The forward solve (eager: data-dependent loops are not traced by torch.compile);
-        ``step = (tensors, input names, env names)``: iterate the compiled step instead."""
-        if step is not None:
-            cstep, (tensors, keys_in, keys_env) = self._compiled_step(), step
-
-            def f(z: torch.Tensor) -> torch.Tensor:
-                return cstep(z, tensors, keys_in, keys_env)
-
+        """The forward solve, eager under ``torch.compile`` too: its data-dependent loop is not
+        traced, and its partially evaluated ``T`` (injections, Gram matrices computed once)
+        measured faster than a compiled step that recomputes them (docs/guide.md)."""
         with torch.no_grad(), partial_evaluation():
             if self.sam is not None:
                 return sam_iterate(self, f, z0, inputs, env)

@@ -44,8 +44,6 @@ def partial_evaluation() -> Iterator[None]:
 
 def eval_arg(a: Affine, vals: Z_t, env: Env | None) -> torch.Tensor:
     """``a`` at ``vals``; inside :func:`partial_evaluation` its state-free part is computed once."""
-    if torch.compiler.is_compiling():  # a compiled step: the compiler fuses it instead
-        return a.evaluate(vals, env)
     cache = _PARTIAL.get()
     if cache is None:
         return a.evaluate(vals, env)
@@ -224,8 +222,6 @@ class GradSum(Node):
         ``n ≤ min(m, GRAM_MAX)`` and ``n ≤ GRAM_BATCH·B`` (forming it, ``n²m``, then costs less
         than the ``2Bnm`` per evaluation it saves over a solve's iterations); else None."""
         form = self._gram.get(id(t))
-        if form is None or torch.compiler.is_compiling():
-            return None
         cache = _PARTIAL.get()
         if form is None or cache is None:
             return None

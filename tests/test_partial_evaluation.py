@@ -129,22 +129,3 @@ def test_nested_batch_coupling_uses_the_iterative_adjoint_and_refuses_mask() -> 
     # 400 contraction steps reach the fixed point to round-off; the adjoint is solved to 1e-12
     for name in ("implicit", "missed"):
         assert torch.allclose(grads[name], grads["unroll"], rtol=1e-7, atol=1e-9), name
-
-
-def test_torch_compile_compiles_the_step_and_matches_eager() -> None:
-    """``torch.compile(module)``: the step T is a real compiled function (not the method that
-    ``torch.compile`` returns unchanged while dynamo traces), outputs and gradients equal eager
-    (float64: the compiled graph computes the same operations, 1e-12 allows reassociation)."""
-    torch.manual_seed(3)
-    module = lowering.lower(opteq(n=16, m=16, d=4)).torch_module(
-        dtype=torch.float64, tol=1e-10, weight_control=None)
-    x = torch.randn(4, 4, dtype=torch.float64)
-    ref = module(x)
-    g_ref = torch.autograd.grad(ref.sum(), list(module.parameters()))
-    out = torch.compile(module)(x)
-    step = module.__dict__.get("_step_c")
-    assert step is not None and getattr(step, "_torchdynamo_orig_callable", None) is not None
-    assert torch.allclose(out, ref, rtol=0, atol=1e-12)
-    g = torch.autograd.grad(out.sum(), list(module.parameters()))
-    for a, b in zip(g, g_ref):
-        assert torch.allclose(a, b, rtol=0, atol=1e-12)
