@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._algebra import register
 from .errors import ShapeError
+from .operators.compose import Compose
 from .symbols import Env, Symbol, as_tensor
 
 
@@ -161,8 +163,6 @@ class Affine:
     # ------------------------------------------------------------------ algebra
     def map(self, op: Any) -> Affine:
         """``op ∘ u`` (linear operators distribute over the sum)."""
-        from .operators import Compose
-
         if op.in_size != self.size:
             raise ShapeError(
                 f"operator {op} expects size {op.in_size}, expression {self} has size {self.size}",
@@ -240,3 +240,6 @@ def values_from(symbols: list[Symbol], given: Mapping[str, Any], batch_shape_ok:
             )
         out[s.name] = t
     return out
+
+
+register("affine", as_affine)

@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._algebra import register
 from .affine import values_from
 from .certificate import Certificate, analyze, certify
 from .errors import ConvexEqError, LoweringError, NotDCPError, ShapeError
 from .export import ExportContext, ExportedProblem
 from .symbols import Env, Symbol, as_tensor
 from .terms.base import Curvature, Term
+from .terms.quadratic import Linear, SqNorm
 
 
 class Objective:
@@ -165,8 +167,6 @@ class Objective:
         """``prox_{t·obj}(v)`` for one prox-able term plus ``a/2||z||²`` and linear terms.
 
         ``prox_{t(g + a/2||·||² + <w,·>)}(v) = prox_{t/(1+ta) g}((v - t w)/(1+ta))``."""
-        from .terms.quadratic import Linear, SqNorm
-
         if len(self.states) != 1:
             raise LoweringError("prox of a multi-block objective", term=str(self))
         s = self.states[0]
@@ -292,5 +292,7 @@ def objective(*terms: Term, name: str = "") -> Objective:
     """Build an objective from terms."""
     return Objective(list(terms), name)
 
+
+register("sum", Objective)
 
 __all__ = ["ConvexEqError", "Objective", "objective"]

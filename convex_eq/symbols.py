@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._algebra import build
 from .errors import NonFiniteError, ScaleError, ShapeError
 
 Env = Mapping[str, Any]
@@ -82,33 +83,23 @@ class Symbol:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, shape={self.shape})"
 
-    # Arithmetic sugar builds affine expressions (see convex_eq.affine).
+    # Arithmetic sugar builds affine expressions (convex_eq.affine, via convex_eq._algebra).
     def __add__(self, other: Any) -> Any:
-        from .affine import as_affine
-
-        return as_affine(self) + other
+        return build("affine", self) + other
 
     __radd__ = __add__
 
     def __sub__(self, other: Any) -> Any:
-        from .affine import as_affine
-
-        return as_affine(self) - other
+        return build("affine", self) - other
 
     def __rsub__(self, other: Any) -> Any:
-        from .affine import as_affine
-
-        return (-1.0) * as_affine(self) + other
+        return (-1.0) * build("affine", self) + other
 
     def __neg__(self) -> Any:
-        from .affine import as_affine
-
-        return -as_affine(self)
+        return -build("affine", self)
 
     def __rmul__(self, c: float) -> Any:
-        from .affine import as_affine
-
-        return c * as_affine(self)
+        return c * build("affine", self)
 
 
 class State(Symbol):
@@ -139,9 +130,7 @@ class Weight(Symbol):
             )
 
     def __matmul__(self, other: Any) -> Any:
-        from .operators import Dense
-
-        return Dense(self) @ other
+        return build("dense", self) @ other
 
 
 class Constant(Symbol):
@@ -154,9 +143,7 @@ class Constant(Symbol):
         super().__init__(name, tuple(t.shape), t)
 
     def __matmul__(self, other: Any) -> Any:
-        from .operators import Dense
-
-        return Dense(self) @ other
+        return build("dense", self) @ other
 
 
 class Scalar(Symbol):

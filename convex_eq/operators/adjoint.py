@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._algebra import register
 from ..symbols import Env, Symbol
 from .base import LinOp, op_latex, op_symbols
 
@@ -54,3 +55,6 @@ class Adjoint(LinOp):
         return (
             f"{inner}^\\top" if getattr(self.A, "atomic", True) else f"\\left({inner}\\right)^\\top"
         )
+
+
+register("transpose", Adjoint)

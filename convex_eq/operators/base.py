@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._algebra import build
 from ..errors import NonFiniteError, ShapeError
 from ..symbols import Constant, Env, Symbol, as_tensor
 
@@ -155,19 +156,13 @@ class LinOp:
     @property
     def T(self) -> LinOp:
         """The adjoint operator ``Aᵀ``."""
-        from .adjoint import Adjoint
-
-        return Adjoint(self)
+        return build("transpose", self)
 
     def __matmul__(self, other: Any) -> Any:
         """``A @ B`` (operator composition) or ``A @ u`` (applied to an affine expression)."""
         if isinstance(other, LinOp):
-            from .compose import Compose
-
-            return Compose(self, other)
-        from ..affine import as_affine
-
-        return as_affine(other).map(self)
+            return build("compose", self, other)
+        return build("affine", other).map(self)
 
     # ------------------------------------------------------------------ display
     def latex(self) -> str:

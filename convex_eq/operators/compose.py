@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._algebra import register
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, op_latex, op_symbols, unique_symbols
@@ -48,3 +49,6 @@ class Compose(LinOp):
 
     def _latex(self) -> str:
         return f"{op_latex(self.A)} {op_latex(self.B)}"
+
+
+register("compose", Compose)

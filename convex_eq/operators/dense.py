@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._algebra import register
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, _finite, as_symbol, resolve_weight
@@ -56,3 +57,6 @@ class Dense(LinOp):
         if min(self.in_size, self.out_size) <= 2000:
             return float(np.linalg.norm(self.matrix(env), 2))
         return super().norm(env, iters, tol, seed)
+
+
+register("dense", Dense)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._algebra import build
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ScaleError, ShapeError
 from ..symbols import Env, Scalar, ScaledScalar, Symbol
@@ -97,8 +98,10 @@ class StrongConvexity:
         return math.inf if n == 0 else self.factor / n**2
 
 
-#: conjugate rules by term type, ``rule(term) → (term)*`` (see ``Term.conjugate``)
-CONJUGATE_RULES: dict[type, Callable[[Term], Term]] = {}
+#: conjugate rules by term type, ``rule(term) → (term)*``, or None where the rule does not apply
+#: (see ``Term.conjugate``); registered by the module defining the conjugate, which imports the
+#: term's module (so the term's module need not import it back)
+CONJUGATE_RULES: dict[type, Callable[[Term], Term | None]] = {}
 
 
 # --------------------------------------------------------------------------- base term
@@ -221,16 +224,12 @@ class Term:
         return t
 
     def __add__(self, other: Any) -> Any:
-        from ..objective import Objective
-
-        return Objective([self]) + other
+        return build("sum", [self]) + other
 
     __radd__ = __add__
 
     def __sub__(self, other: Any) -> Any:
-        from ..objective import Objective
-
-        return Objective([self]) - other
+        return build("sum", [self]) - other
 
     # ----------------------------------------------------------- curvature
     def curvature(self) -> Curvature:
@@ -344,8 +343,9 @@ class Term:
         """Closed-form convex conjugate ``(coef·f)*`` (a method per term, or a rule in
         ``CONJUGATE_RULES`` registered by a module that may not be imported by the term's)."""
         rule = CONJUGATE_RULES.get(type(self))
-        if rule is not None:
-            return rule(self)
+        out = None if rule is None else rule(self)
+        if out is not None:
+            return out
         raise NotDCPError(
             "no closed-form conjugate rule", term=str(self),
             hint="conjugates are known for potentials, σ̃, ½||·||², ||·||₁, indicators, σ̃∘affine "

@@ -8,9 +8,6 @@ import itertools
 import numpy as np
 import torch
 
-from convex_eq.terms.potential import Antiderivative
-from convex_eq.terms.potential import act_latex as _sig
-
 from .._lazy import cvxpy as cp
 from ..activations import Activation
 from ..affine import Affine, as_affine
@@ -19,6 +16,8 @@ from ..export import ExportContext
 from ..operators import Dense
 from ..symbols import Constant, Env, State, Symbol
 from .base import CONJUGATE_RULES, Curvature, StrongConvexity, Term, single_arg
+from .potential import Antiderivative, AntiderivativeConjugate
+from .potential import act_latex as _sig
 from .quadratic import QuadraticForm
 
 _aux_ids = itertools.count()
@@ -242,8 +241,6 @@ class SeparableAffineConjugate(Term):
     def export(self, ctx: ExportContext) -> None:
         """The y-form ``coef·s·(Σσ̃*(y) − <q, y>)`` over the auxiliary ``y`` tied to the state
         (docs/theory.md §2)."""
-        from .potential import AntiderivativeConjugate
-
         c = self.coef(ctx.env) * self.s
         try:
             AntiderivativeConjugate(self.act, self._aux).__mul__(c).export(ctx)
@@ -324,3 +321,13 @@ def quadratic_form_conjugate(t: QuadraticForm) -> Term:
 
 
 CONJUGATE_RULES[QuadraticForm] = quadratic_form_conjugate
+
+
+def antiderivative_conjugate(t: Antiderivative) -> Term | None:
+    """``ψ*`` of ``ψ = s·Σσ̃(Mz + q)`` with ``s > 0`` a number (None: no closed form here)."""
+    if t.scalars or t.scale <= 0:
+        return None
+    return SeparableAffineConjugate.from_antiderivative(t)
+
+
+CONJUGATE_RULES[Antiderivative] = antiderivative_conjugate

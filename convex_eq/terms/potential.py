@@ -195,14 +195,10 @@ class Antiderivative(_ActivationTerm):
     def conjugate(self) -> Term:
         """``(c·Σσ̃(u))* = c·Σσ̃*(·/c)`` on a state, or ``ψ*`` of ``s·Σσ̃(Mz + q)``
         (docs/theory.md §2)."""
-        from .conjugate import SeparableAffineConjugate
-
-        if self.scalars or self.scale <= 0:
-            return super().conjugate()
-        if self.prox_state is not None:
-            u = single_arg(self) * (1 / self.scale)
-            return self.scale * AntiderivativeConjugate(self.act, u)
-        return SeparableAffineConjugate.from_antiderivative(self)
+        if self.scalars or self.scale <= 0 or self.prox_state is None:
+            return super().conjugate()  # σ̃∘affine: the rule of terms.conjugate (registered)
+        u = single_arg(self) * (1 / self.scale)
+        return self.scale * AntiderivativeConjugate(self.act, u)
 
     def raw_latex(self) -> str:
         """LaTeX of ``Σ σ̃(u)`` (without the coefficient)."""
