@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from ._algebra import register
+from ._lazy import torch
 from .errors import ShapeError
 from .operators.compose import Compose
 from .symbols import Env, Symbol, as_tensor

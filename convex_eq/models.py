@@ -20,8 +20,8 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
+from ._lazy import torch
 from .activations import get_activation
 from .composition import DeepComposition
 from .errors import ShapeError

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from ._algebra import register
+from ._lazy import torch
 from .affine import values_from
 from .certificate import Certificate, analyze, certify
 from .errors import ConvexEqError, LoweringError, NotDCPError, ShapeError

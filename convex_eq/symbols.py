@@ -7,14 +7,15 @@ operators (convolutions) that need the spatial layout.  Weights and constants ar
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from ._algebra import build
+from ._lazy import is_tensor, torch
 from .errors import NonFiniteError, ScaleError, ShapeError
 
 Env = Mapping[str, Any]
@@ -22,11 +23,13 @@ Env = Mapping[str, Any]
 KINDS = ("state", "input", "weight", "constant", "scalar")
 
 
-def as_tensor(value: Any, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Convert numpy / python / torch data to a tensor (keeps torch tensors' dtype/device)."""
+def as_tensor(value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Convert numpy / python / torch data to a tensor (keeps torch tensors' dtype/device;
+    others become ``dtype``, float64 by default)."""
     if isinstance(value, torch.Tensor):
         return value
-    return torch.as_tensor(np.asarray(value, dtype=np.float64), dtype=dtype)
+    return torch.as_tensor(np.asarray(value, dtype=np.float64),
+                           dtype=torch.float64 if dtype is None else dtype)
 
 
 class Symbol:
@@ -44,22 +47,45 @@ class Symbol:
             raise ShapeError(f"shape {shape} has a non-positive dimension", term=name)
         self.name = name
         self.shape = shape
-        self.value = None if value is None else self._check_value(as_tensor(value))
+        #: how to make the value tensor on first read (``value``), if not made yet
+        self._make: Callable[[], torch.Tensor] | None = None
+        self._value: torch.Tensor | None = None
+        if value is not None:
+            self._set_checked(value)
 
     @property
     def size(self) -> int:
         """Number of scalar entries (``prod(shape)``)."""
         return math.prod(self.shape) if self.shape else 1
 
-    def _check_value(self, value: torch.Tensor) -> torch.Tensor:
-        if tuple(value.shape) != self.shape:
-            raise ShapeError(
-                f"value has shape {tuple(value.shape)}, declared shape is {self.shape}",
-                term=self.name,
-            )
-        if not torch.isfinite(value).all():
+    @property
+    def value(self) -> torch.Tensor | None:
+        """The bound value (a tensor of shape ``shape``), or None.  A value given as numbers or
+        a numpy array becomes a float64 tensor on first read: declaring imports no torch."""
+        if self._make is not None:
+            self._value, self._make = self._make(), None
+        return self._value
+
+    @value.setter
+    def value(self, v: torch.Tensor | None) -> None:
+        self._value, self._make = v, None
+
+    def _set_checked(self, value: Any) -> None:
+        """Bind ``value`` after checking its shape and finiteness (numpy, or torch for a tensor)."""
+        tensor = is_tensor(value)
+        shape = tuple(value.shape) if tensor else np.shape(value)
+        if shape != self.shape:
+            raise ShapeError(f"value has shape {shape}, declared shape is {self.shape}",
+                             term=self.name)
+        finite = bool(torch.isfinite(value).all()) if tensor else bool(
+            np.isfinite(np.asarray(value, dtype=np.float64)).all())
+        if not finite:
             raise NonFiniteError("value contains NaN or Inf", term=self.name)
-        return value
+        if tensor:
+            self.value = value
+        else:
+            array = np.asarray(value, dtype=np.float64)
+            self._value, self._make = None, functools.partial(as_tensor, array)
 
     def resolve(self, env: Env | None = None) -> torch.Tensor:
         """The symbol's value: ``env[name]`` if given, else its stored value."""
@@ -122,12 +148,15 @@ class Weight(Symbol):
     def __init__(self, name: str, shape: tuple[int, ...] | int, value: Any = None, *,
                  seed: int = 0):
         super().__init__(name, shape, value)
-        if self.value is None:
-            g = torch.Generator().manual_seed(seed)
-            fan_in = self.size // self.shape[0] if self.shape else 1
-            self.value = torch.randn(self.shape, generator=g, dtype=torch.float64) / math.sqrt(
-                max(fan_in, 1)
-            )
+        if value is None:
+            self._value, self._make = None, functools.partial(self._initial, seed)
+
+    def _initial(self, seed: int) -> torch.Tensor:
+        """``N(0, 1/fan_in)`` entries from the generator seeded with ``seed``."""
+        g = torch.Generator().manual_seed(seed)
+        fan_in = self.size // self.shape[0] if self.shape else 1
+        return torch.randn(self.shape, generator=g, dtype=torch.float64) / math.sqrt(
+            max(fan_in, 1))
 
     def __matmul__(self, other: Any) -> Any:
         return build("dense", self) @ other
@@ -139,8 +168,7 @@ class Constant(Symbol):
     kind = "constant"
 
     def __init__(self, name: str, value: Any):
-        t = as_tensor(value)
-        super().__init__(name, tuple(t.shape), t)
+        super().__init__(name, tuple(value.shape) if is_tensor(value) else np.shape(value), value)
 
     def __matmul__(self, other: Any) -> Any:
         return build("dense", self) @ other

@@ -1,4 +1,5 @@
-"""Lazy imports: declaring, lowering and running a layer loads no cvxpy, sympy or scipy.
+"""Lazy imports: declaring, lowering and running a layer loads no cvxpy, sympy or scipy, and
+declaring and printing an objective loads no torch either.
 
 Each check runs in a fresh interpreter (``sys.modules`` of the test process already holds
 everything); the heavy libraries are allowed exactly where a user asks for them: an export
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("cvxpy", "sympy", "scipy", "clarabel", "scs", "matplotlib", "hypothesis")
@@ -41,6 +44,49 @@ def test_import_and_emitted_module_load_no_heavy_dependency() -> None:
     after_import, after_forward = out.strip().splitlines()[-2:]
     assert after_import == "[]", f"eager import came back: {after_import}"
     assert after_forward == "[]", f"lowering or the forward pass imported {after_forward}"
+
+
+def test_import_declare_and_print_load_no_torch() -> None:
+    """The symbolic layer needs no numerics: torch comes with the first value, norm or lowering."""
+    out = _run("""
+        HEAVY = HEAVY + ("torch",)
+        import convex_eq as ce
+        print(sorted(m for m in HEAVY if m in sys.modules))
+        z, x = ce.State("z", 4), ce.Input("x", 3)
+        W, U = ce.Weight("W", (4, 4), seed=1), ce.Weight("U", (4, 3))
+        b, lam = ce.Constant("b", [0.5] * 4), ce.Scalar("lam", 0.1, low=0.0)
+        WW = (ce.Dense(W) @ ce.Dense(W)).T  # composition and transpose
+        phi = ce.objective(0.5 * ce.SqNorm(z) - ce.Linear(U @ x + b, z) + ce.Potential("relu", z)
+                           + lam * ce.L1(z) + ce.Antiderivative("tanh", WW @ z + U @ x))
+        print(phi, phi.latex(), ce.conjugate(ce.Antiderivative("relu", W @ z + b)), file=sys.stderr)
+        for bad in ([1.0, float("nan")], [1.0, 2.0, 3.0]):
+            try:
+                ce.Constant("c", bad) if len(bad) == 2 else ce.Weight("V", 2, value=bad)
+            except (ce.NonFiniteError, ce.ShapeError) as err:
+                print(type(err).__name__, file=sys.stderr)
+        print(sorted(m for m in HEAVY if m in sys.modules))
+        import torch
+        g = torch.Generator().manual_seed(1)  # the value W was declared with, made on first read
+        assert torch.equal(W.value, torch.randn(4, 4, generator=g, dtype=torch.float64) / 2.0)
+    """)
+    after_import, after_declare = out.strip().splitlines()[-2:]
+    assert after_import == "[]", f"import convex_eq imported {after_import}"
+    assert after_declare == "[]", f"declaring and printing an objective imported {after_declare}"
+
+
+def test_algebra_constructors_are_registered_and_missing_ones_named() -> None:
+    from convex_eq import ConvexEqError, State, _algebra
+
+    assert set(_algebra._BUILDERS) == set(_algebra.OPERATIONS)  # import convex_eq registers all
+    z, y = State("z", 2), State("y", 2)
+    saved = dict(_algebra._BUILDERS)
+    try:
+        _algebra._BUILDERS.pop("affine")
+        with pytest.raises(ConvexEqError, match="convex_eq.affine has not been imported"):
+            _ = z + y
+    finally:
+        _algebra._BUILDERS.update(saved)
+    assert str(z + y) == "z + y"
 
 
 def test_export_and_symbolic_activation_load_on_demand() -> None:

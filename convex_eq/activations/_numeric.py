@@ -6,16 +6,17 @@ the callers re-attach exact first-order gradients (implicit-function trick).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._lazy import scipy_integrate as integrate
+from .._lazy import torch
 
-TensorFn = Callable[[torch.Tensor], torch.Tensor]
+TensorFn = Callable[["torch.Tensor"], "torch.Tensor"]
 ScalarFn = Callable[[float], float]
 
 #: quadrature tolerances used by every numeric antiderivative (scipy.integrate.quad)
@@ -142,20 +143,32 @@ def quad_improper(f: ScalarFn, a: float, b: float) -> float:
     return val
 
 
-class NumpyAntiderivative(torch.autograd.Function):
-    """Autograd wrapper: forward by a numpy routine, backward ``grad * sigma(a)`` (torch)."""
+def numpy_antiderivative(a: torch.Tensor, numpy_fn: Any, sigma_fn: Any) -> torch.Tensor:
+    """``numpy_fn(a)`` with the gradient ``grad · sigma_fn(a)``: ``d/da ∫σ = σ(a)`` (autograd)."""
+    return _numpy_antiderivative().apply(a, numpy_fn, sigma_fn)
 
-    @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, numpy_fn: Any, sigma_fn: Any) -> torch.Tensor:
-        ctx.sigma_fn = sigma_fn
-        ctx.save_for_backward(a)
-        vals = numpy_fn(a.detach().to("cpu", torch.float64).numpy())
-        return torch.as_tensor(vals, dtype=a.dtype, device=a.device)
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (a,) = ctx.saved_tensors
-        return grad * ctx.sigma_fn(a), None, None
+@functools.cache
+def _numpy_antiderivative() -> type:
+    """The autograd Function of ``numpy_antiderivative``, defined on first use (a subclass of
+    ``torch.autograd.Function`` would import torch with this module)."""
+
+    class NumpyAntiderivative(torch.autograd.Function):
+        """Forward by a numpy routine, backward ``grad * sigma(a)`` (torch)."""
+
+        @staticmethod
+        def forward(ctx: Any, a: torch.Tensor, numpy_fn: Any, sigma_fn: Any) -> torch.Tensor:
+            ctx.sigma_fn = sigma_fn
+            ctx.save_for_backward(a)
+            vals = numpy_fn(a.detach().to("cpu", torch.float64).numpy())
+            return torch.as_tensor(vals, dtype=a.dtype, device=a.device)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+            (a,) = ctx.saved_tensors
+            return grad * ctx.sigma_fn(a), None, None
+
+    return NumpyAntiderivative
 
 
 def xlogx(x: torch.Tensor) -> torch.Tensor:

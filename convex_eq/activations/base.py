@@ -18,19 +18,19 @@ Conventions used by every activation (all functions are elementwise on torch ten
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
-import torch
 
 from .._lazy import cvxpy as cp
+from .._lazy import torch
 from ..errors import NotDCPError, ScaleError
 from . import _numeric as nm
 
 INF = math.inf
 
 TensorLike = Any
-Scale = float | torch.Tensor
+Scale = Union[float, "torch.Tensor"]
 
 CERTIFIED_HINT = (
     "export σ̃* and collect the -u²/2 into the quadratic form, or use the certified-convex "

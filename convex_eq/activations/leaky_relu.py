@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .._lazy import cvxpy as cp
+from .._lazy import torch
 from ..errors import ScaleError
 from . import _numeric as nm
 from .base import INF, Activation, Scale, TensorLike, fmt_number, zeros_with_grad

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from . import _numeric as nm
 from .base import INF, Activation, TensorLike
 
@@ -34,7 +34,7 @@ def _tail_torch(a: torch.Tensor) -> torch.Tensor:
 
 def tail_integral(a: torch.Tensor) -> torch.Tensor:
     """``R(a) = ∫_0^a log(1 + e^{-|t|}) dt`` (scipy quad; autograd ``R'(a) = log(1+e^{-|a|})``)."""
-    return nm.NumpyAntiderivative.apply(a, _tail_integral_np, _tail_torch)
+    return nm.numpy_antiderivative(a, _tail_integral_np, _tail_torch)
 
 
 class Softplus(Activation):

@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import sympy as sp
-import torch
 from sympy.calculus.util import maximum, minimum
 from sympy.printing.pytorch import TorchPrinter
 
+from .._lazy import torch
 from ..errors import ActivationError
 from . import _numeric as nm
 from .base import INF, Activation, TensorLike, fmt_interval
@@ -517,7 +517,7 @@ class SympyActivation(Activation):
         a = nm.as_tensor(a)
         if self._antider_fn is not None:
             return self._antider_fn(a)
-        return nm.NumpyAntiderivative.apply(a, self._quad_antiderivative_np, self.sigma)
+        return nm.numpy_antiderivative(a, self._quad_antiderivative_np, self.sigma)
 
     def _quad_antiderivative_np(self, a: np.ndarray) -> np.ndarray:
         return nm.quad_antiderivative(self._sigma_np, a)

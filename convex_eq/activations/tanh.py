@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .._lazy import cvxpy as cp
+from .._lazy import torch
 from . import _numeric as nm
 from .base import INF, Activation, TensorLike
 

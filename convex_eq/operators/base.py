@@ -12,9 +12,9 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._algebra import build
+from .._lazy import torch
 from ..errors import NonFiniteError, ShapeError
 from ..symbols import Constant, Env, Symbol, as_tensor
 

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from .._lazy import scipy_linalg
+from .._lazy import scipy_linalg, torch
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, op_latex, op_symbols, unique_symbols

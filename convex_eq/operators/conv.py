@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
+from .._lazy import torch
+from .._lazy import torch_functional as F
 from ..errors import ScaleError, ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, as_shape, as_symbol, resolve_weight
@@ -26,8 +25,8 @@ class _ConvNd(LinOp):
     ``conv_transposeNd`` with the same weight, stride, padding and groups (its exact adjoint)."""
 
     dims: int = 2
-    _fwd: Any = None
-    _bwd: Any = None
+    _fwd: str  # torch.nn.functional's convolution and its adjoint, by name
+    _bwd: str
 
     def __init__(self, weight: Any, in_shape: tuple[int, ...], stride: int | tuple[int, ...] = 1,
                  padding: int | tuple[int, ...] = 0, *, groups: int = 1,
@@ -77,7 +76,7 @@ class _ConvNd(LinOp):
         """``convNd(v, K, stride, padding, groups)`` on ``v`` reshaped to ``(B, *in_shape)``."""
         v = self.check_input(v)
         k = resolve_weight(self.weight, env, v, self)
-        y = type(self)._fwd(v.reshape(-1, *self.in_shape), k, stride=self.stride,
+        y = getattr(F, self._fwd)(v.reshape(-1, *self.in_shape), k, stride=self.stride,
                             padding=self.padding, groups=self.groups)
         return y.reshape(*v.shape[:-1], self.out_size)
 
@@ -86,7 +85,7 @@ class _ConvNd(LinOp):
         adjoint."""
         w = self.check_input(w, adjoint=True)
         k = resolve_weight(self.weight, env, w, self)
-        x = type(self)._bwd(w.reshape(-1, *self.out_shape), k, stride=self.stride,
+        x = getattr(F, self._bwd)(w.reshape(-1, *self.out_shape), k, stride=self.stride,
                             padding=self.padding, output_padding=self.output_padding,
                             groups=self.groups)
         return x.reshape(*w.shape[:-1], self.in_size)
@@ -104,8 +103,8 @@ class Conv2d(_ConvNd):
     ``out_shape = (C_out, H_out, W_out)`` with ``H_out = (H + 2 p - kh) // s + 1`` (as torch)."""
 
     dims = 2
-    _fwd = F.conv2d
-    _bwd = F.conv_transpose2d
+    _fwd = "conv2d"
+    _bwd = "conv_transpose2d"
 
 
 class Conv1d(_ConvNd):
@@ -113,8 +112,8 @@ class Conv1d(_ConvNd):
     ``out_shape = (C_out, (L + 2p - k) // s + 1)``."""
 
     dims = 1
-    _fwd = F.conv1d
-    _bwd = F.conv_transpose1d
+    _fwd = "conv1d"
+    _bwd = "conv_transpose1d"
 
 
 def _prod(xs: list[int]) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._algebra import register
+from .._lazy import torch
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, _finite, as_symbol, resolve_weight

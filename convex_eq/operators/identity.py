@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from ..symbols import Env
 from .base import LinOp, as_shape
 

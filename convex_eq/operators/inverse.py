@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from .._lazy import torch
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, op_latex, op_symbols

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from ..errors import ShapeError
 from ..symbols import Env
 from .base import LinOp, as_shape

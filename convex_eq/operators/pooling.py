@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
+from .._lazy import torch
+from .._lazy import torch_functional as F
 from ..errors import ScaleError, ShapeError
 from ..symbols import Env
 from .adjoint import Adjoint

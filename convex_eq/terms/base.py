@@ -9,9 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from .._algebra import build
+from .._lazy import torch
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ScaleError, ShapeError
 from ..symbols import Env, Scalar, ScaledScalar, Symbol
@@ -19,7 +18,7 @@ from ..symbols import Env, Scalar, ScaledScalar, Symbol
 if TYPE_CHECKING:
     from ..export import ExportContext
 
-Values = Mapping[str, torch.Tensor]
+Values = Mapping[str, "torch.Tensor"]
 
 
 # --------------------------------------------------------------------------- curvature

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import torch
 
 from .._lazy import cvxpy as cp
+from .._lazy import torch
 from ..activations import Activation
 from ..affine import Affine, as_affine
 from ..errors import LoweringError, NotDCPError, ShapeError, SolverError

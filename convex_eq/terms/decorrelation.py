@@ -26,8 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
-
+from .._lazy import torch
 from ..errors import NotDCPError, ShapeError
 from ..export import ExportContext
 from ..symbols import Env

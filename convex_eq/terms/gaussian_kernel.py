@@ -63,8 +63,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from ..affine import Affine, as_affine
 from ..errors import NotDCPError, OptionError, ScaleError, ShapeError
 from ..export import ExportContext

@@ -19,8 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
-
+from .._lazy import torch
 from ..errors import NotDCPError, ScaleError
 from ..export import ExportContext
 from ..symbols import Env, Scalar, Symbol

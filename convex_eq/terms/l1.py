@@ -11,9 +11,9 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._lazy import cvxpy as cp
+from .._lazy import torch
 from ..errors import NotDCPError, ScaleError
 from ..export import ExportContext
 from ..symbols import Env, Scalar, Symbol

@@ -6,8 +6,7 @@ import itertools
 import math
 from typing import Any
 
-import torch
-
+from .._lazy import torch
 from ..errors import ScaleError, ShapeError
 from ..export import ExportContext
 from ..symbols import Env, Scalar, State, Symbol, scalar_coef, scalar_value

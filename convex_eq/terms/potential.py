@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from ..activations import Activation, get_activation
 from ..errors import NotDCPError
 from ..export import ExportContext

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from ..affine import Affine, as_affine
 from ..errors import ShapeError
 from ..export import ExportContext
