@@ -8,16 +8,25 @@ convexity moduli of convex terms); the objective is convex when every other term
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from .symbols import Env
-from .terms.base import Condition, Curvature, QuadPart
+from .symbols import Env, Symbol
+from .terms.base import Condition, Curvature, QuadPart, Term
 
-if TYPE_CHECKING:
-    from .objective import Objective
+
+class TermSum(Protocol):
+    """What a certificate reads of an objective (``convex_eq.objective.Objective``, which
+    imports this module): its terms and its state blocks."""
+
+    @property
+    def terms(self) -> Sequence[Term]: ...
+
+    @property
+    def states(self) -> list[Symbol]: ...
 
 
 @dataclass
@@ -71,7 +80,7 @@ def _single_op_state(u: object) -> tuple[object, float, object] | None:
     return e.symbol, e.coef, e.op
 
 
-def analyze(obj: Objective) -> Curvature:
+def analyze(obj: TermSum) -> Curvature:
     """Structural convexity analysis (conditions are evaluated later at given weights)."""
     bad: list[str] = []
     conditions: list[Condition] = []
@@ -91,7 +100,7 @@ def analyze(obj: Objective) -> Curvature:
     return Curvature("convex", conditions)
 
 
-def _quadratic_conditions(obj: Objective) -> list[Condition]:
+def _quadratic_conditions(obj: TermSum) -> list[Condition]:
     parts: list[QuadPart] = [p for t in obj.terms for p in t.quad_parts(None)]
     mods = [m for t in obj.terms if (m := t.strong_convexity()) is not None]
     risky = [p for p in parts if p.u2 is not None or p.coef < 0]
@@ -140,7 +149,7 @@ def _quadratic_conditions(obj: Objective) -> list[Condition]:
     return conds
 
 
-def quadratic_eigmin(obj: Objective, env: Env | None) -> float:
+def quadratic_eigmin(obj: TermSum, env: Env | None) -> float:
     """``λ_min`` of the collected quadratic form plus strong-convexity moduli (dense)."""
     states = obj.states
     offs, n = {}, 0
@@ -177,7 +186,7 @@ def quadratic_eigmin(obj: Objective, env: Env | None) -> float:
     return float(np.linalg.eigvalsh(0.5 * (q + q.T)).min())
 
 
-def certify(obj: Objective, env: Env | None = None) -> Certificate:
+def certify(obj: TermSum, env: Env | None = None) -> Certificate:
     """Evaluate the structural analysis at the given weights."""
     cur = analyze(obj)
     if cur.kind != "convex":
