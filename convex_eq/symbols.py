@@ -70,22 +70,25 @@ class Symbol:
     def value(self, v: torch.Tensor | None) -> None:
         self._value, self._make = v, None
 
-    def _set_checked(self, value: Any) -> None:
-        """Bind ``value`` after checking its shape and finiteness (numpy, or torch for a tensor)."""
+    def _check_value(self, value: Any) -> Any:
+        """``value`` after checking its shape and finiteness: a tensor as it is, anything else as
+        a float64 numpy array (so checking a declared value imports no torch)."""
         tensor = is_tensor(value)
-        shape = tuple(value.shape) if tensor else np.shape(value)
-        if shape != self.shape:
-            raise ShapeError(f"value has shape {shape}, declared shape is {self.shape}",
+        v = value if tensor else np.asarray(value, dtype=np.float64)
+        if tuple(v.shape) != self.shape:
+            raise ShapeError(f"value has shape {tuple(v.shape)}, declared shape is {self.shape}",
                              term=self.name)
-        finite = bool(torch.isfinite(value).all()) if tensor else bool(
-            np.isfinite(np.asarray(value, dtype=np.float64)).all())
-        if not finite:
+        if not (bool(torch.isfinite(v).all()) if tensor else bool(np.isfinite(v).all())):
             raise NonFiniteError("value contains NaN or Inf", term=self.name)
-        if tensor:
-            self.value = value
+        return v
+
+    def _set_checked(self, value: Any) -> None:
+        """Bind ``value`` after ``_check_value``; a numpy value becomes a tensor on first read."""
+        v = self._check_value(value)
+        if is_tensor(v):
+            self.value = v
         else:
-            array = np.asarray(value, dtype=np.float64)
-            self._value, self._make = None, functools.partial(as_tensor, array)
+            self._value, self._make = None, functools.partial(as_tensor, v)
 
     def resolve(self, env: Env | None = None) -> torch.Tensor:
         """The symbol's value: ``env[name]`` if given, else its stored value."""
