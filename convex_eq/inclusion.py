@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
+from ._lazy import torch
 from .affine import as_affine
 from .errors import CurvatureError, LoweringError, ShapeError
 from .objective import Objective

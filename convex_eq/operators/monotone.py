@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
+from .._lazy import torch
 from ..errors import ScaleError, ShapeError
 from ..symbols import Env, Symbol
 from .base import LinOp, _finite, as_symbol, resolve_weight, unique_symbols
