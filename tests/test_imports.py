@@ -59,6 +59,7 @@ def test_import_declare_and_print_load_no_torch() -> None:
         phi = ce.objective(0.5 * ce.SqNorm(z) - ce.Linear(U @ x + b, z) + ce.Potential("relu", z)
                            + lam * ce.L1(z) + ce.Antiderivative("tanh", WW @ z + U @ x))
         print(phi, phi.latex(), ce.conjugate(ce.Antiderivative("relu", W @ z + b)), file=sys.stderr)
+        print(ce.models.opteq(n=8, m=8, d=4, activation="relu", form="conjugate"), file=sys.stderr)
         for bad in ([1.0, float("nan")], [1.0, 2.0, 3.0]):
             try:
                 ce.Constant("c", bad) if len(bad) == 2 else ce.Weight("V", 2, value=bad)
