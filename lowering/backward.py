@@ -53,7 +53,7 @@ class AdjointConfig:
 
 #: ``"auto"`` forms the Jacobian only when it is small: N batched VJP rows per sample
 DIRECT_MAX_STATE = 256
-DIRECT_MAX_ROWS = 4096
+DIRECT_MAX_ROWS = 2048
 ADJOINT_METHODS = ("auto", "direct", "iterative")
 
 
