@@ -11,6 +11,9 @@ would write for this one layer and nothing else:
 * plain fixed-point iteration and Anderson (history 5), forward and adjoint; per cell the better
   of the two is "the limit".
 
+Both compute the same gradient, ``∂ℓ/∂q``: the hand loop's ``W`` and the module's weights are
+frozen (``requires_grad_(False)``), so neither pays for a weight gradient the other skips (weight
+gradients are timed by the training case).
 The module runs with its defaults (Anderson forward and adjoint) and with plain iteration.
 Times are medians of interleaved repetitions (one process, equal threads).
 """
@@ -99,7 +102,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         mods = {f"module-{s}": layer.torch_module(weight_control=None, solver=s, tol=TOL,
                                                   max_iter=MAX_ITER, backward_solver=s,
                                                   backward_tol=TOL, backward_max_iter=MAX_ITER,
-                                                  dtype=dtype)
+                                                  dtype=dtype).requires_grad_(False)
                 for s in ("anderson", "plain")}
         hands = {f"hand-{s}": HandLimit(w, s) for s in ("anderson", "plain")}
         for b in grid_b:

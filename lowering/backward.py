@@ -68,6 +68,10 @@ class FixedPointProblem:
     tensors: list[torch.Tensor]
     adjoint: AdjointConfig
     sink: Callable[[SolverStats], None]
+    #: ``T`` planned at these tensors (lowering/plan.py), built with autograd from ``leaves``
+    #: (detached copies of ``tensors``): the first-order implicit backward linearises it
+    plan: Any = None
+    leaves: list[torch.Tensor] | None = None
 
     def with_grad(self, z: torch.Tensor, tensors: Sequence[torch.Tensor],
                   needs: Sequence[bool]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -154,23 +158,33 @@ def _direct_adjoint(fz: torch.Tensor, zz: torch.Tensor, v: torch.Tensor, cfg: Ad
             rows = torch.autograd.grad(fz, zz, eye[:, None, :].expand(n, b, n),
                                        retain_graph=True, is_grads_batched=True)[0]
         jac = rows.transpose(0, 1)  # (B, N, N): jac[b, i, :] = row i of J_b
-        jt = jac.transpose(1, 2)
-        with torch.no_grad():
-            acc = accumulation_dtype(zz.dtype)
-            g = torch.linalg.solve((eye - jt).to(acc), v.detach().to(acc)[..., None])[..., 0]
-            g = g.to(v.dtype)
-        # the residual with one true VJP (not the formed blocks): a layer whose samples do
-        # interact (a coupling the block-diagonal form misses) fails it and is solved iteratively
-        true_jtg = torch.autograd.grad(fz, zz, g, retain_graph=True)[0]
-        res = (g - true_jtg - v).detach()
+
+        def true_jt(y: torch.Tensor) -> torch.Tensor:
+            return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
+
+        return _direct_solve(jac.transpose(1, 2), v, true_jt, cfg)
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def _direct_solve(jt_blocks: torch.Tensor, v: torch.Tensor,
+                  true_jt: Callable[[torch.Tensor], torch.Tensor], cfg: AdjointConfig
+                  ) -> tuple[torch.Tensor, SolverStats] | None:
+    """``g_b = (I − J_bᵀ)⁻¹ v_b`` from the formed blocks ``J_bᵀ`` (B, N, N); the residual is
+    measured with the *true* map (one application), so a coupling between samples that the
+    block-diagonal form misses fails it (None: the caller iterates)."""
+    b, n = v.shape
+    eye = torch.eye(n, dtype=v.dtype, device=v.device)
+    with torch.no_grad():
+        acc = accumulation_dtype(v.dtype)
+        g = torch.linalg.solve((eye - jt_blocks).to(acc), v.detach().to(acc)[..., None])[..., 0]
+        g = g.to(v.dtype)
+    res = (g - true_jt(g) - v).detach()
     r = scaled_rel_residual(res, g)
     if not bool(torch.isfinite(r).all()):
         return None
     conv = r <= cfg.tol
-    stats = SolverStats("direct", r[:, None], torch.ones(b, dtype=torch.long,
-                                                         device=zz.device),
+    stats = SolverStats("direct", r[:, None], torch.ones(b, dtype=torch.long, device=v.device),
                         conv, cfg.tol, returned_residual=r)
     return (g, stats) if bool(conv.all()) else None
 
@@ -188,6 +202,46 @@ def _adjoint(fz: torch.Tensor, zz: torch.Tensor, v: torch.Tensor, problem: Fixed
     def jt(y: torch.Tensor) -> torch.Tensor:
         return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
 
+    return _linear_fixed_point(jt, v, cfg, "adjoint fixed point", problem.sink)
+
+
+def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tensor,
+                      needs: list[bool]) -> list[torch.Tensor | None]:
+    """First-order implicit gradients from the forward's plan: ``Jᵀ`` at ``z*`` as a closure
+    (no autograd per adjoint iteration), then one backward of ``T(z*)`` to the leaves the plan
+    was built from (``(∂T/∂θ)ᵀ g``)."""
+    with torch.enable_grad():
+        fz, jt = problem.plan.linearize(z)
+    with torch.no_grad():
+        g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
+    assert problem.leaves is not None
+    want = [t for t, n in zip(problem.leaves, needs) if n]
+    if not fz.requires_grad:
+        return [None] * len(needs)
+    # retain_graph: the plan's state-free parts (Ux + b, AᵀA) keep their graph for a second
+    # backward through the same output (retain_graph=True upstream)
+    grads = iter(torch.autograd.grad(fz, want, g, allow_unused=True, retain_graph=True))
+    return [next(grads) if n else None for n in needs]
+
+
+def _adjoint_from_map(jt: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor,
+                      v: torch.Tensor, problem: FixedPointProblem) -> torch.Tensor:
+    """``g = Jᵀg + v`` with ``Jᵀ`` given as a map: direct (per-sample Jacobians by ``vmap`` of
+    the map over the identity rows, then LU) when :func:`_use_direct` says so, else the
+    adjoint solver."""
+    cfg = problem.adjoint
+    if _use_direct(cfg, z) and cfg.method == "direct":
+        b, n = z.shape
+        eye = torch.eye(n, dtype=z.dtype, device=z.device)
+        try:
+            rows = torch.func.vmap(jt)(eye[:, None, :].expand(n, b, n))  # rows[i, b] = Jᵀ_b e_i
+        except (RuntimeError, NotImplementedError):
+            rows = None
+        if rows is not None:
+            out = _direct_solve(rows.transpose(0, 1).transpose(1, 2), v, jt, cfg)
+            if out is not None:
+                problem.sink(out[1])
+                return out[0]
     return _linear_fixed_point(jt, v, cfg, "adjoint fixed point", problem.sink)
 
 
@@ -209,6 +263,8 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         needs = list(ctx.needs_input_grad[2:])
         if not any(needs):
             return (None, None, *([None] * len(tensors)))
+        if not torch.is_grad_enabled() and problem.plan is not None:
+            return (None, None, *_planned_backward(problem, z, v, needs))
         if not torch.is_grad_enabled():  # first order: leaf copies, one retained graph
             with torch.enable_grad():
                 with partial_evaluation():  # one graph, differentiated many times

@@ -35,6 +35,7 @@ from ._compile import compile_disabled
 from .backward import AdjointConfig, FixedPointProblem, get_backward
 from .config import ModuleConfig, build_config
 from .nodes import broadcast_batch, partial_evaluation
+from .plan import Plan, PlanContext, Root
 from .sam import sam_iterate
 from .scalars import LearnableScalar, check_learnable
 from .solvers import SolverStats, Tracker, get_solver
@@ -121,6 +122,8 @@ class EquilibriumModule(nn.Module):
         if self.weight_control is not None and wc.mode == "auto":
             self.weight_control.calibrate(self._raw_env())
         self._checked: dict[str, tuple[int, int]] = {}
+        #: False once the node tree has been found to have no plan (lowering/plan.py)
+        self._plannable = True
         if self._scalar_maps:
             check_learnable(derived, list(self._scalar_maps), self.T, self.env(),
                             dict(self.scalar_params.items()), RELOWER)
@@ -384,11 +387,14 @@ class EquilibriumModule(nn.Module):
 
         if self.backward == "unroll":
             z_star, stats = self._unroll(f, z0)
+            planned = None
         else:
-            z_star, stats = self._solve(f, z0, inputs, env)
+            planned = self._plan(keys_in, keys_env, tensors, z0.shape[0])
+            z_star, stats = self._solve(f if planned is None else planned[0], z0, inputs, env)
         ok = self._judge(stats, bad_in)
         if bool(ok.all()):
-            z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0)
+            z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0,
+                                                                      planned)
         else:  # gradients through the accepted samples only; the others are NaN
             rows = torch.nonzero(ok).flatten()
             sub = [t[ok] if i < n_in else t for i, t in enumerate(tensors)]
@@ -416,6 +422,8 @@ class EquilibriumModule(nn.Module):
         to be left out of the solve."""
         bad_in = torch.zeros(b, dtype=torch.bool, device=device)
         for name, t in inputs.items():
+            if bool(torch.isfinite(t).all()):  # the common case: one reduction, no per-sample
+                continue
             bad = ~torch.isfinite(t).all(dim=1)
             if bool(bad.any()):
                 if self.on_nonconvergence != "mask":
@@ -440,10 +448,35 @@ class EquilibriumModule(nn.Module):
             )
         return z0.reshape(b, self.state_size).to(dt)
 
+    def _plan(self, keys_in: list[str], keys_env: list[str], tensors: list[torch.Tensor],
+              batch: int) -> tuple[Plan, list[torch.Tensor]] | None:
+        """``T`` planned for these inputs and weights (:mod:`lowering.plan`): state-free parts
+        computed once, the transpose Jacobian as a closure.  With gradients needed (implicit
+        backward) the plan is built with autograd from leaf copies of ``tensors``, so that the
+        backward differentiates it with respect to them.  None for layers without a plan
+        (several state blocks, or a node that has none)."""
+        if len(self.blocks) != 1 or not self._plannable:
+            return None
+        grad = (torch.is_grad_enabled() and self.backward == "implicit"
+                and any(t.requires_grad for t in tensors))
+        leaves = [t.detach().requires_grad_() if grad and t.requires_grad else t.detach()
+                  for t in tensors]
+        n_in = len(keys_in)
+        ctx = PlanContext(self.blocks[0].name, dict(zip(keys_in, leaves[:n_in])),
+                          dict(zip(keys_env, leaves[n_in:])), batch)
+        with torch.set_grad_enabled(grad):
+            plan = self.derived.nodes[self.blocks[0].name].plan(ctx)
+        if plan is None:
+            self._plannable = False  # the node tree does not change: do not ask again
+            return None
+        return Root(plan), leaves
+
     def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
-                z0: torch.Tensor) -> torch.Tensor:
+                z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None
+                ) -> torch.Tensor:
         """The backward strategy's differentiable output at ``z_star`` (detached when no
-        tensor needs a gradient)."""
+        tensor needs a gradient); ``planned``: the forward's plan and the leaves it was built
+        from (the implicit backward then linearises the plan instead of ``T``)."""
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return z_star.detach()
         cfg = self.config
@@ -455,6 +488,8 @@ class EquilibriumModule(nn.Module):
             self.last_backward_stats = st
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
+        if planned is not None and any(t.requires_grad for t in planned[1]):
+            problem.plan, problem.leaves = planned
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
     @compile_disabled

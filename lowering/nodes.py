@@ -20,6 +20,8 @@ from convex_eq.terms.base import Term
 from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import act_latex as _sig
 
+from . import plan as pl
+
 Z_t = Mapping[str, torch.Tensor]
 
 #: active during a forward solve (``partial_evaluation()``): the parts of the terms' affine
@@ -75,6 +77,11 @@ class Node:
         """Upper bound on the Lipschitz constant with respect to the stacked state."""
         return math.inf
 
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        """This node as a :class:`~lowering.plan.Plan` in the block ``ctx.var`` (state-free
+        parts computed now), or None when it has no plan (the general path is used)."""
+        return None
+
     def text(self) -> str:
         return type(self).__name__
 
@@ -94,6 +101,9 @@ class Var(Node):
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         return Z[self.block.name]
 
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        return pl.Identity() if self.block.name == ctx.var else None
+
     def lip(self, env: Env | None) -> float:
         return 1.0
 
@@ -112,6 +122,13 @@ class Sigma(Node):
 
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         return self.act.sigma(self.inner.eval(Z, env))
+
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        inner = self.inner.plan(ctx)
+        if inner is None:
+            return None
+        df = self.act.sigma_prime if getattr(self.act, "has_sigma_prime", False) else None
+        return pl.Elementwise(self.act.sigma, inner, df)
 
     def lip(self, env: Env | None) -> float:
         return self.act.lipschitz * self.inner.lip(env)
@@ -217,6 +234,76 @@ class GradSum(Node):
             return torch.zeros_like(Z[self.block.name])
         return out
 
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        """A sum of planned parts, one per term, by the term's declared ``grad_structure``:
+        ``"bilinear"`` (``∇`` independent of the state: a constant), ``"identity"``
+        (``∇f(u) = u``: linear in the state, a Gram matrix when cheap) or ``"elementwise"``
+        (``∇f(u)`` elementwise in ``u``); any other term: no plan."""
+        if self.at or self.block.name != ctx.var:
+            return None
+        parts: list[tuple[Any, pl.Plan]] = []
+        const = None
+        for t, idx, c in self._plan:
+            kind = getattr(t, "grad_structure", None)
+            if idx is None or kind is None:
+                return None
+            c = self.sign * t.coef_t(ctx.env) if c is None else c
+            if kind == "bilinear":
+                if len(idx) != 1 or any(a.states() for j, a in enumerate(t.args) if j != idx[0]):
+                    return None
+                k = idx[0]
+                us = [None if j == k else a.evaluate(ctx.values, ctx.env)
+                      for j, a in enumerate(t.args)]
+                ref = next(u for u in us if u is not None)
+                us[k] = torch.zeros(1, t.args[k].size, dtype=ref.dtype, device=ref.device)
+                g = t.raw_grad(us, ctx.env)[k]
+                if g is not None:
+                    contrib = t.args[k].adjoint(g, self.block, ctx.env)
+                    const = pl.add(const, contrib if _is_one(c) else c * contrib)
+                continue
+            if kind not in ("identity", "elementwise") or len(t.args) != 1:
+                return None
+            arg = t.args[0]
+            st, off = arg.state_part, arg.offset_part
+            if st is None or any(e.symbol is not self.block for e in st.entries):
+                return None
+            b = None if off is None else off.evaluate(ctx.values, ctx.env)
+            if kind == "elementwise":
+                parts.append((1.0, pl.ElementwiseGrad(
+                    _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env), b,
+                    _raw_grad(t, ctx.env), c)))
+                continue
+            if b is not None:  # c·Aᵀ(Az + b) = c·AᵀA z + c·Aᵀb
+                contrib = st.adjoint(b, self.block, ctx.env)
+                const = pl.add(const, contrib if _is_one(c) else c * contrib)
+            parts.append((c, self._linear_plan(t, st, ctx)))
+        if const is not None:
+            parts.insert(0, (1.0, pl.Constant(const)))
+        return pl.Sum(parts) if parts else None
+
+    def _linear_plan(self, t: Term, st: Affine, ctx: pl.PlanContext) -> pl.Plan:
+        """``AᵀA z`` for the state part ``A z`` of an ``"identity"``-gradient term: the Gram
+        matrix when forming it costs less than the applications it replaces, else
+        ``Aᵀ(Az)`` per application."""
+        form = self._gram.get(id(t))
+        if form is not None:
+            op, e = form
+            n, m = op.in_size, op.out_size
+            trains = torch.is_grad_enabled() and any(
+                getattr(ctx.env.get(s.name) if ctx.env else None, "requires_grad", False)
+                for s in op.symbols())
+            if n <= min(m, GRAM_MAX) and n <= (GRAM_BATCH_TRAIN if trains else
+                                               GRAM_BATCH_PLAN) * ctx.batch:
+                ref = next(iter(ctx.values.values()), None)
+                dev = ref.device if ref is not None else None
+                w = ctx.env.get(op.symbols()[0].name) if ctx.env else None
+                dt = w.dtype if w is not None else torch.get_default_dtype()
+                eye = torch.eye(n, dtype=dt, device=dev if w is None else w.device)
+                gram = op.adjoint(op.apply(eye, ctx.env), ctx.env)
+                return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram)
+        fwd, adj = _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env)
+        return pl.SelfAdjoint(lambda z: adj(fwd(z)))
+
     def _gram_matrix(self, t: Term, vals: Z_t, env: Env | None) -> torch.Tensor | None:
         """``e²·AᵀA`` (``n × n``) for a Gram-form term inside :func:`partial_evaluation`, when
         ``n ≤ min(m, GRAM_MAX)`` and ``n ≤ GRAM_BATCH·B`` (forming it, ``n²m``, then costs less
@@ -248,6 +335,30 @@ class GradSum(Node):
     def latex(self) -> str:
         s = " + ".join(_term_grad_text(t, self.block, self.sign, True) for t in self.terms)
         return (s.replace("+ -", "- ") or "0") + _at_text(self.at, True)
+
+
+#: plans (the Gram matrix is then formed once per forward call and reused by the backward):
+#: formed when ``n²m`` costs less than the ``2Bnm`` per application over the ~30 applications
+#: of a forward and adjoint solve (~40 each), i.e. ``n ≤ 80B``; with the weights trained, the
+#: Gram matrix's own backward (``2n²m``) triples its cost: ``n ≤ 25B``
+GRAM_BATCH_PLAN = 80
+GRAM_BATCH_TRAIN = 25
+
+
+def _forward(st: Affine, block: Symbol, env: Env | None) -> Any:
+    """``z ↦ A z`` for the state part ``A z`` of an argument (one block)."""
+    name = block.name
+    return lambda z: st.evaluate({name: z}, env)
+
+
+def _adjoint(st: Affine, block: Symbol, env: Env | None) -> Any:
+    """``w ↦ Aᵀ w`` for the state part of an argument."""
+    return lambda w: st.adjoint(w, block, env)
+
+
+def _raw_grad(t: Term, env: Env | None) -> Any:
+    """``u ↦ ∇f(u)`` of a one-argument term (without its coefficient)."""
+    return lambda u: t.raw_grad([u], env)[0]
 
 
 #: largest state size for which the Gram matrix ``AᵀA`` of a ``½||Az||²`` term is formed, and
@@ -298,6 +409,17 @@ class Prox(Node):
 
     def lip(self, env: Env | None) -> float:
         return self.inner.lip(env)  # a prox of a convex function is nonexpansive
+
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        """Planned when ``g`` declares an elementwise prox (``prox_elementwise``)."""
+        if not getattr(self.g, "prox_elementwise", False) or not getattr(self.g, "has_prox",
+                                                                          False):
+            return None
+        inner = self.inner.plan(ctx)
+        if inner is None:
+            return None
+        g, t, env = self.g, self.t, ctx.env
+        return pl.Elementwise(lambda v: g.prox(v, t, env), inner)
 
     def text(self) -> str:
         if hasattr(self.g, "prox_text"):
@@ -374,6 +496,15 @@ class Combo(Node):
     def lip(self, env: Env | None) -> float:
         return sum(abs(coef_float(c, env)) * n.lip(env) for c, n in self.parts)
 
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        parts = []
+        for c, n in self.parts:
+            p = n.plan(ctx)
+            if p is None:
+                return None
+            parts.append((c if _is_one(c) else coef_value(c, ctx.env), p))
+        return pl.Sum(parts)
+
     def _fmt(self, latex: bool) -> str:
         items = []
         for c, n in self.parts:
@@ -403,6 +534,11 @@ class Substitute(Node):
     def lip(self, env: Env | None) -> float:
         return self.node.lip(env) * self.inner.lip(env)
 
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        inner = self.inner.plan(ctx)
+        outer = self.node.plan(ctx.at(self.block.name)) if inner is not None else None
+        return None if outer is None else pl.Compose(outer, inner)
+
     def text(self) -> str:
         return f"[{self.node.text()}]_({self.block.name} ← {self.inner.text()})"
 
@@ -422,6 +558,9 @@ class Named(Node):
 
     def lip(self, env: Env | None) -> float:
         return self.node.lip(env)
+
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        return self.node.plan(ctx)
 
     def text(self) -> str:
         return f"{self.name}({self.arg.text()})" if self.arg is not None else self.name

@@ -1,14 +1,17 @@
 """Fixed-point solvers (batched, per-sample statistics) with a registry, torchdeq-style.
 
 Every solver finds ``z = f(z)`` for ``f: (B, N) → (B, N)`` and stops when every sample's relative
-residual ``||f(z) - z|| / max(||f(z)||, 1e-30)`` is ≤ ``tol`` (or has become non-finite); it
-returns, per sample, the iterate whose residual was the smallest measured (the point the residual
-was measured at, so a ``converged`` flag always describes the returned point).  See
-``docs/theory.md`` §8 (training-time equilibrium modes).
+residual ``||f(z) - z|| / ||f(z)||`` is ≤ ``tol`` (or has become non-finite); it returns the
+iterate with the smallest worst-sample residual measured (the first one at which every sample met
+``tol``, when that happens), and per sample the exact residual of that returned iterate, so a
+``converged`` flag always describes the returned point.  See ``docs/theory.md`` §8
+(training-time equilibrium modes).
 
-Residuals are *scaled* norms: both vectors are divided by their largest magnitude before
-squaring, so no finite iterate can overflow into a residual of 0 ("converged") in any dtype;
-a NaN/Inf iterate gives a NaN residual and marks that sample non-finite.
+Per iteration the residual uses plain norms (cheap); the returned iterate's residual, and any
+measurement that came out non-finite, use exact forms (float64 norms of float32/16 states, or
+*scaled* norms: both vectors divided by their largest magnitude before squaring), so no finite
+iterate can overflow into a residual of 0 ("converged") in any dtype; a NaN/Inf iterate gives a
+NaN residual and marks that sample non-finite.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class SolverStats:
 
     solver: str
     residuals: torch.Tensor  # (B, K)
-    iterations: torch.Tensor  # (B,) iterations until the sample first met tol (or K)
+    #: (B,) iterations until the sample first met tol (or K); None: computed on first access
+    iterations_: torch.Tensor | None
     converged: torch.Tensor  # (B,) bool
     tol: float
     nonfinite: torch.Tensor | None = field(default=None)  # (B,) bool
@@ -55,6 +59,21 @@ class SolverStats:
     def __post_init__(self) -> None:
         if self.nonfinite is None:
             self.nonfinite = torch.zeros_like(self.converged)
+
+    @property
+    def iterations(self) -> torch.Tensor:
+        """``(B,)`` iterations until each sample first met ``tol`` (``K`` for a sample that did
+        not converge)."""
+        if self.iterations_ is None:
+            res = self.residuals
+            b, k = res.shape
+            iters = torch.full((b,), k, dtype=torch.long, device=res.device)
+            if k:
+                met = res <= self.tol
+                first = met.to(torch.int8).argmax(dim=1) + 1
+                iters = torch.where(self.converged & met.any(dim=1), first, iters)
+            self.iterations_ = iters
+        return self.iterations_
 
     @property
     def final_residual(self) -> torch.Tensor:
@@ -149,20 +168,31 @@ def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 class Tracker:
-    """Solver state: residual history, best iterate per sample, non-finite samples.
+    """Solver state: residual history, the batch's best iterate, non-finite samples.
 
     ``record(z, fz)`` measures the residual at ``z`` and returns True once every sample has
     either met ``tol`` or become non-finite; ``record_residual(r)`` appends a residual measured
-    elsewhere (a solver that tracks its own iterate, e.g. SAM); ``stats()`` summarises."""
+    elsewhere (a solver that tracks its own iterate, e.g. SAM); ``stats()`` summarises.
+
+    Per iteration the residual is measured with plain norms in the state's dtype (a few tensor
+    operations and one host synchronisation); those can lose accuracy only at extreme scales
+    (entries beyond ~1e±17 in float32, where squares overflow or underflow).  So the stop is
+    *confirmed*: when the plain residuals say every sample is done, the returned iterates'
+    residuals are recomputed exactly (:func:`scaled_rel_residual`); if that disagrees, the
+    solve goes on measuring exactly.  ``stats()`` reports the exact residual of every returned
+    iterate, so a ``converged`` flag never rests on a plain norm."""
 
     def __init__(self, name: str, z0: torch.Tensor, tol: float):
         self.name, self.tol = name, tol
         self.best = z0.detach().clone()
+        self.best_fz: torch.Tensor | None = None  # f(best); replaced, never written into
         b = z0.shape[0]
-        self.best_res = torch.full((b,), float("inf"), dtype=torch.float64 if
-                                   z0.dtype == torch.float64 else torch.float32,
-                                   device=z0.device)
-        self.nonfinite = torch.zeros(b, dtype=torch.bool, device=z0.device)
+        rdt = torch.float32 if z0.dtype in (torch.float16, torch.bfloat16) else z0.dtype
+        self.best_res = torch.full((b, 1), float("inf"), dtype=rdt, device=z0.device)
+        self.nonfinite = torch.zeros(b, 1, dtype=torch.bool, device=z0.device)
+        self._any_nonfinite = False
+        self._exact = False  # measure every residual exactly (after a failed confirmation)
+        self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
         self.hist: list[torch.Tensor] = []
         self.worst = float("inf")
 
@@ -173,48 +203,83 @@ class Tracker:
 
     def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None) -> bool:
         """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it); True once
-        every sample has met ``tol`` or become non-finite.  One host synchronisation."""
+        every sample has met ``tol`` (confirmed exactly) or become non-finite."""
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
         d = fz - z if d is None else d.detach()
-        r = fast_rel_residual(d, fz).to(self.best_res.dtype)
-        # worst best residual over the finite samples: done when ≤ tol (non-finite samples
-        # are finished too: they are reported, never iterated back to life).  One host sync:
-        # a NaN/inf r propagates into the maximum (torch.minimum keeps NaN), which sends the
-        # iteration to the exact scaled form (a float64 norm overflows only beyond ~1e154)
-        best_res = torch.minimum(r, self.best_res)
-        worst = float(best_res.masked_fill(self.nonfinite, 0.0).max())
-        if not math.isfinite(worst):
-            r = scaled_rel_residual(d, fz).to(self.best_res.dtype)
-            # a non-finite z, f(z) or difference makes r NaN (the scale is then inf or NaN)
+        if self._exact:
+            r = self._scaled(d, fz)
+        else:
+            norm = torch.linalg.vector_norm
+            dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
+            r = norm(dd, dim=1, keepdim=True) / norm(ff, dim=1, keepdim=True)
+            if r.dtype != self.best_res.dtype:
+                r = r.to(self.best_res.dtype)
+        col = r.masked_fill(self.nonfinite, 0.0) if self._any_nonfinite else r
+        top = float(col.max())  # the one host synchronisation
+        if not math.isfinite(top):
+            # 0/0, an overflow or a non-finite iterate: the exact form; a non-finite z, f(z) or
+            # difference makes it NaN (its scale is inf/NaN) and marks the sample non-finite
+            r = self._scaled(d, fz)
             self.nonfinite |= ~torch.isfinite(r)
-            r = torch.where(self.nonfinite, torch.full_like(r, float("inf")), r)
-            best_res = torch.minimum(r, self.best_res)
-            worst = float(best_res.masked_fill(self.nonfinite, 0.0).max())
+            self._any_nonfinite = bool(self.nonfinite.any())
+            r = r.masked_fill(self.nonfinite, float("inf"))
+            top = float(r.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
-        self.best = torch.where((r < self.best_res)[:, None], z, self.best)
-        self.best_res = best_res
-        self.worst = worst
-        return self.worst <= self.tol
+        if top < self.worst or self.best_fz is None:
+            # the batch's best iterate so far (smallest worst-sample residual): kept by
+            # reference, no copy (the solvers never write into an iterate)
+            self.best, self.best_fz, self.best_res, self.worst = z, fz, r, top
+        self._confirmed = None
+        if top > self.tol:
+            return False
+        return self._confirm()
+
+    def _scaled(self, d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
+        return scaled_rel_residual(d, fz)[:, None].to(self.best_res.dtype)
+
+    def _returned_residual(self) -> torch.Tensor:
+        """Exact residual of each returned iterate ``(B, 1)`` (inf for non-finite samples):
+        float64 norms of a float32/16 state (exact: its squares cannot overflow or underflow
+        there), the scaled form otherwise or when those are not finite."""
+        if self._confirmed is None:
+            if self.best_fz is None:  # nothing recorded by record(): the plain residuals
+                return self.best_res
+            fz, d = self.best_fz, self.best_fz - self.best
+            # a returned iterate of a sample not marked non-finite had finite norms: finite
+            if fz.dtype in _LOW_PRECISION and not self._any_nonfinite:
+                r = fast_rel_residual(d, fz)[:, None].to(self.best_res.dtype)
+            else:
+                r = self._scaled(d, fz)
+            self._confirmed = (r.masked_fill(self.nonfinite, float("inf"))
+                               if self._any_nonfinite else r)
+        return self._confirmed
+
+    def _confirm(self) -> bool:
+        r = self._returned_residual()
+        self.best_res = r
+        self.worst = float(r.masked_fill(self.nonfinite, 0.0).max())
+        if self.worst <= self.tol:
+            return True
+        self._exact = True  # the plain norms were wrong here (extreme scales): go on exactly
+        return False
 
     def record_residual(self, r: torch.Tensor) -> None:
         """Append a residual measured by the caller (no best-iterate bookkeeping)."""
-        self.hist.append(r.detach().to(self.best_res.dtype))
+        self.hist.append(r.detach().reshape(-1, 1).to(self.best_res.dtype))
 
     def stats(self) -> SolverStats:
-        """Per-sample :class:`SolverStats` of the iterates recorded so far."""
-        k = len(self.hist)
-        res = (torch.stack(self.hist, dim=1) if self.hist
-               else torch.zeros(self.best.shape[0], 0, dtype=self.best_res.dtype,
-                                device=self.best.device))
-        done = (self.best_res <= self.tol) & ~self.nonfinite
-        iters = torch.full((self.best.shape[0],), k, dtype=torch.long, device=self.best.device)
-        if k:  # first iteration at which each sample met tol (computed once, not per iteration)
-            met = res <= self.tol
-            first = met.to(torch.int8).argmax(dim=1) + 1
-            iters = torch.where(done & met.any(dim=1), first, iters)
-        return SolverStats(self.name, res, iters, done, self.tol, self.nonfinite.clone(),
-                           self.best_res.clone())
+        """Per-sample :class:`SolverStats` of the iterates recorded so far (the returned
+        iterates' residuals measured exactly; iteration counts computed on access)."""
+        b = self.best.shape[0]
+        best_res = self._returned_residual()[:, 0]
+        nonfinite = self.nonfinite[:, 0]
+        res = (torch.cat(self.hist, dim=1) if self.hist
+               else torch.zeros(b, 0, dtype=self.best_res.dtype, device=self.best.device))
+        done = best_res <= self.tol
+        if self._any_nonfinite:
+            done &= ~nonfinite
+        return SolverStats(self.name, res, None, done, self.tol, nonfinite, best_res)
 
 
 _Tracker = Tracker  # the name used before the solver state became public

@@ -100,6 +100,11 @@ class Activation:
         """``σ'(t)`` (a fixed one-sided value at kinks, documented per activation)."""
         raise NotImplementedError
 
+    @property
+    def has_sigma_prime(self) -> bool:
+        """True if this activation gives ``σ'`` in closed form (:meth:`sigma_prime`)."""
+        return type(self).sigma_prime is not Activation.sigma_prime
+
     def inverse(self, u: TensorLike) -> torch.Tensor:
         """``σ⁻¹(u)`` on ``domain`` (``±inf`` at unattained finite ends, NaN outside).
 

@@ -114,6 +114,13 @@ class Term:
     smooth: bool = False
     #: True if the term couples samples of a batch (batch decorrelation)
     batch_coupled: bool = False
+    #: how ``∇_u f`` depends on the arguments, for evaluation plans (docs/theory.md §8):
+    #: ``"identity"`` (``∇f(u) = u``), ``"elementwise"`` (one argument, ``∇f(u)_i`` depends on
+    #: ``u_i`` only), ``"bilinear"`` (``∇_{u_k} f`` depends only on the other arguments), or
+    #: None (not declared: the layer is evaluated by its node tree, differentiated by autograd)
+    grad_structure: str | None = None
+    #: True if ``prox_{t·coef·f}`` acts coordinatewise (its Jacobian is diagonal)
+    prox_elementwise: bool = False
     #: how verify's lifted problem takes the term (docs/theory.md §9.2): "value" (its value is
     #: one contribution), "dual" (a conjugate of an affine map: an auxiliary dual block y with
     #: z = s·Mᵀy), "envelope" (a Moreau envelope: an auxiliary copy of its state)

@@ -26,6 +26,7 @@ class L1(Term):
     exported as ``c·norm1(u)``."""
 
     label = "ℓ1 norm"
+    prox_elementwise = True
     base_curvature = "convex"
     smooth = False
     #: the prox acts coordinate-wise (used by rules that compose 1-D proxes)

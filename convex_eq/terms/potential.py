@@ -57,6 +57,8 @@ class Potential(_ActivationTerm):
     """``Σ_j f_σ(u_j)``, ``f_σ = σ̃* - ½(·)²``: convex, ``prox_{f_σ} = σ`` (docs/theory.md §1)."""
 
     label = "activation potential"
+    grad_structure = "elementwise"
+    prox_elementwise = True
     lift_prox = False  # its domain enters the lifted problem as a box, not as a prox term
 
     def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
@@ -128,6 +130,7 @@ class PotentialConjugate(_ActivationTerm):
     """``(c·Σ f_σ)*(y) = c Σ f_σ*(y/c)``: closed-form conjugate of a potential."""
 
     label = "conjugate potential"
+    prox_elementwise = True
     lift_prox = True  # Σ_j g(u_j): 1-D proxes
 
     def domain_box(self, size: int, env: Env | None = None) -> tuple[Any, Any] | None:
@@ -170,6 +173,7 @@ class Antiderivative(_ActivationTerm):
     """``Σ_j σ̃(u_j)``, ``σ̃(a) = ∫_0^a σ``: convex, smooth, ``∇ = Aᵀσ(u)``, Lip ``L_σ||A||²``."""
 
     label = "activation antiderivative"
+    grad_structure = "elementwise"
     base_curvature = "convex"
     smooth = True
 

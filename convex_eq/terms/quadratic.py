@@ -18,6 +18,8 @@ class SqNorm(Term):
     """``½||u||²``: convex, ``∇ = Aᵀu``, prox ``v/(1+t)`` on a state, self-conjugate."""
 
     label = "squared norm"
+    grad_structure = "identity"
+    prox_elementwise = True
     base_curvature = "convex"
     smooth = True
 
@@ -68,6 +70,7 @@ class Linear(Term):
     """``<w, u>`` with ``w`` state-free (e.g. ``q = Ux + b``): affine, ``∇_u = w``."""
 
     label = "linear"
+    grad_structure = "bilinear"
     base_curvature = "affine"
     smooth = True
 

@@ -1,0 +1,279 @@
+"""Evaluation plans: ``T`` of a one-block layer specialised to fixed inputs and weights.
+
+A solve evaluates ``T(·, x)`` tens of times with the same ``x`` and weights.  A plan is ``T``
+with everything that does not depend on the state computed once (input injections ``Ux + b``,
+Gram matrices ``AᵀA``, folded coefficients), and with its *transpose Jacobian at a point* as a
+closure (``linearize``): the adjoint solve ``g = Jᵀg + v`` then applies ``Jᵀ`` as a few tensor
+operations instead of one ``autograd.grad`` per iteration (``docs/theory.md`` §8).
+
+Each node of :mod:`lowering.nodes` plans itself (``Node.plan``); a node that cannot (several
+blocks, a prox without an elementwise form, a term without a declared gradient structure)
+returns ``None`` and the layer keeps the general path (``T`` by the node tree, ``Jᵀ`` by
+autograd).  Plans are built from tensors that may carry gradients: evaluated with autograd on,
+a plan's output is differentiable with respect to the weights and inputs it was built from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+#: ``v ↦ Jᵀv`` at a fixed point of linearisation; ``None`` stands for the zero map
+Lin = Callable[[torch.Tensor], torch.Tensor] | None
+
+
+class Plan(Protocol):
+    """``z ↦ node(z)`` for one state block, with its transpose Jacobian on demand."""
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor: ...
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        """``(node(z), v ↦ (∂node/∂z)ᵀ v)`` (the map is ``None`` when it is zero)."""
+        ...
+
+
+@dataclass
+class PlanContext:
+    """What a node plans against: the planned block's name, the state-free values (inputs),
+    the weights, and the batch size (for cost decisions such as forming a Gram matrix)."""
+
+    var: str
+    values: Mapping[str, torch.Tensor]
+    env: Any
+    batch: int
+
+    def at(self, var: str) -> PlanContext:
+        """The same context planning with respect to another block (composition)."""
+        return PlanContext(var, self.values, self.env, self.batch)
+
+
+def elementwise_derivative(fn: Callable[[torch.Tensor], torch.Tensor], p: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(fn(p), fn'(p))`` for an elementwise ``fn``: one autograd call (the Jacobian is
+    diagonal, so the gradient of ``Σ fn(p)`` is its diagonal), the same derivative the general
+    path's autograd would use at kinks."""
+    with torch.enable_grad():
+        pp = p.detach().requires_grad_()
+        out = fn(pp)
+        (d,) = torch.autograd.grad(out.sum(), pp)
+    return out.detach(), d
+
+
+def add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """``a + b`` where ``None`` is zero."""
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+class Identity:
+    """``z ↦ z``."""
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return z
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        return z, _identity
+
+
+def _identity(v: torch.Tensor) -> torch.Tensor:
+    return v
+
+
+class Constant:
+    """``z ↦ c`` (a state-free value, e.g. ``−∇<q, z> = q``)."""
+
+    def __init__(self, c: torch.Tensor):
+        self.c = c
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.c
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        return self.c, None
+
+
+class Matrix:
+    """``z ↦ z M`` with ``M`` formed once (e.g. the Gram matrix ``c·AᵀA`` of ``c·½||Az||²``)."""
+
+    def __init__(self, m: torch.Tensor):
+        self.m = m
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return z @ self.m
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        mt = self.m.detach().T
+        return z @ self.m, lambda v: v @ mt
+
+
+class SelfAdjoint:
+    """``z ↦ L(z)`` for a self-adjoint linear map given as a function (e.g. ``c·Aᵀ(Az)``)."""
+
+    def __init__(self, apply: Callable[[torch.Tensor], torch.Tensor]):
+        self.apply = apply
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.apply(z)
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        return self.apply(z), self.apply
+
+
+class ElementwiseGrad:
+    """``z ↦ c·Aᵀ g(Az + b)`` with ``g`` elementwise (the gradient of a separable term of an
+    affine argument, e.g. ``αWᵀσ(Wz + Ux + b)``); ``Jᵀv = c·Aᵀ(g'(u) ⊙ Av)``."""
+
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor],
+                 adjoint: Callable[[torch.Tensor], torch.Tensor], offset: torch.Tensor | None,
+                 g: Callable[[torch.Tensor], torch.Tensor], c: Any):
+        self.forward, self.adjoint, self.offset, self.g, self.c = forward, adjoint, offset, g, c
+
+    def _u(self, z: torch.Tensor) -> torch.Tensor:
+        u = self.forward(z)
+        return u if self.offset is None else u + self.offset
+
+    def _scale(self, v: torch.Tensor) -> torch.Tensor:
+        return v if isinstance(self.c, float) and self.c == 1.0 else self.c * v
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self._scale(self.adjoint(self.g(self._u(z))))
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        u = self._u(z)
+        gu, d = elementwise_derivative(self.g, u)
+        if torch.is_grad_enabled() and u.requires_grad:
+            gu = self.g(u)  # keep the graph to the weights and inputs
+        c = self.c.detach() if isinstance(self.c, torch.Tensor) else self.c
+
+        def jt(v: torch.Tensor) -> torch.Tensor:
+            w = self.adjoint(d * self.forward(v))
+            return w if isinstance(c, float) and c == 1.0 else c * w
+
+        return self._scale(self.adjoint(gu)), jt
+
+
+class Elementwise:
+    """``z ↦ f(inner(z))`` with ``f`` elementwise (an activation, a separable prox);
+    ``Jᵀv = J_innerᵀ(f'(p) ⊙ v)`` (``f'`` in closed form when given as ``df``, else by
+    autograd)."""
+
+    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], inner: Plan,
+                 df: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.f, self.inner, self.df = f, inner, df
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.f(self.inner(z))
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        p, jt_in = self.inner.linearize(z)
+        if self.df is not None:
+            with torch.no_grad():
+                d = self.df(p)
+            out = self.f(p)
+        else:
+            out, d = elementwise_derivative(self.f, p)
+            if torch.is_grad_enabled() and p.requires_grad:
+                out = self.f(p)  # keep the graph to the weights and inputs
+        if jt_in is None:
+            return out, None
+        return out, lambda v: jt_in(d * v)
+
+
+def _affine_matrix_fast(parts: list[Any]) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``z ↦ c + zM`` as one fused ``addmm`` when the sum is exactly a constant and a matrix
+    (the canonical OptEq pre-activation ``q + WᵀWz``)."""
+    if len(parts) != 2:
+        return None
+    (ca, a), (cb, b) = parts
+    if not (ca == 1.0 and cb == 1.0):
+        return None
+    if isinstance(a, Matrix) and isinstance(b, Constant):
+        a, b = b, a
+    if not (isinstance(a, Constant) and isinstance(b, Matrix)) or a.c.ndim != 2:
+        return None
+    c, m = a.c, b.m
+    return lambda z: torch.addmm(c, z, m)
+
+
+class Sum:
+    """``z ↦ Σ_k c_k p_k(z)`` (coefficients are numbers or scalar tensors)."""
+
+    def __init__(self, parts: list[tuple[Any, Plan]]):
+        self.parts = parts
+        self._fast = _affine_matrix_fast(parts)
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        if self._fast is not None:
+            return self._fast(z)
+        out = None
+        for c, p in self.parts:
+            v = p(z)
+            out = add(out, v if _is_one(c) else c * v)
+        assert out is not None
+        return out
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        out, jts = None, []
+        for c, p in self.parts:
+            v, jt = p.linearize(z)
+            out = add(out, v if _is_one(c) else c * v)
+            if jt is not None:
+                cd = c.detach() if isinstance(c, torch.Tensor) else c
+                jts.append((cd, jt))
+        assert out is not None
+        if not jts:
+            return out, None
+
+        def jt_sum(v: torch.Tensor) -> torch.Tensor:
+            acc = None
+            for c, jt in jts:
+                w = jt(v)
+                acc = add(acc, w if _is_one(c) else c * w)
+            assert acc is not None
+            return acc
+
+        return out, jt_sum
+
+
+class Compose:
+    """``z ↦ outer(inner(z))`` (a substitution ``f(g(z))``, e.g. the layers of deep OptEq)."""
+
+    def __init__(self, outer: Plan, inner: Plan):
+        self.outer, self.inner = outer, inner
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.outer(self.inner(z))
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        p, jt_in = self.inner.linearize(z)
+        out, jt_out = self.outer.linearize(p)
+        if jt_in is None or jt_out is None:
+            return out, None
+        return out, lambda v: jt_in(jt_out(v))
+
+
+def _is_one(c: Any) -> bool:
+    return isinstance(c, float) and c == 1.0
+
+
+class Root:
+    """The plan of a layer's ``T`` on the flat state ``(B, N)``: a batch-independent value
+    ``(1, N)`` is broadcast to the batch (as ``T`` does)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    @staticmethod
+    def _shape(out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return out if out.shape == z.shape else out.expand_as(z).contiguous()
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self._shape(self.plan(z), z)
+
+    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        out, jt = self.plan.linearize(z)
+        return self._shape(out, z), jt
