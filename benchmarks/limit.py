@@ -91,7 +91,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
 
     grid_m = (64, 256) if cfg.quick else GRID_M
     grid_b = (1, 32) if cfg.quick else GRID_B
-    reps = 2 if cfg.quick else 7
+    reps = 2 if cfg.quick else 21
     dtype = torch.float32
     rows: list[dict[str, Any]] = []
     qa, ca = qp_inputs(max(grid_b), seed=cfg.seed)

@@ -128,8 +128,10 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
                         ) -> torch.Tensor:
     """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver."""
     solver = get_solver(cfg.solver)
+    plus = getattr(apply, "plus", None)  # a plan's Jᵀ fuses the affine step (addmm)
     with torch.no_grad():
-        y, st = solver(lambda y: apply(y) + rhs, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+        y, st = solver((lambda y: plus(y, rhs)) if plus is not None else
+                       (lambda y: apply(y) + rhs), rhs, tol=cfg.tol, max_iter=cfg.max_iter)
     if sink is not None:
         sink(st)
     _report(st, cfg, what)

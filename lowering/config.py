@@ -24,9 +24,11 @@ CONTROL_MODES = ("auto", "spectral_norm", "project", None)
 @dataclass
 class SolveConfig:
     """Forward fixed-point solve: ``solver`` from the registry, stop at relative residual ``tol``
-    or after ``max_iter`` iterations; ``options`` go to the solver (e.g. Anderson's ``m``)."""
+    or after ``max_iter`` iterations; ``options`` go to the solver (e.g. Anderson's ``m``).
+    The default ``"auto"`` runs plain iteration on small states while it converges fast and
+    Anderson otherwise (:func:`lowering.solvers.auto`, measured in docs/theory.md §8)."""
 
-    solver: str = "anderson"
+    solver: str = "auto"
     tol: float = 1e-6
     max_iter: int = 100
     options: dict[str, Any] = field(default_factory=dict)

@@ -390,7 +390,7 @@ class EquilibriumModule(nn.Module):
             planned = None
         else:
             planned = self._plan(keys_in, keys_env, tensors, z0.shape[0])
-            z_star, stats = self._solve(f if planned is None else planned[0], z0, inputs, env)
+            z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env)
         ok = self._judge(stats, bad_in)
         if bool(ok.all()):
             z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0,
@@ -558,7 +558,7 @@ class EquilibriumModule(nn.Module):
     def _hint(self) -> str:
         """What to change — never an option that is already set."""
         tips = [f"raise max_iter (now {self.max_iter})"]
-        if self.solver != "anderson" and self.sam is None:
+        if self.solver not in ("anderson", "auto") and self.sam is None:
             tips.append("use solver='anderson'")
         if self.weight_control is None and norm_conditions(self.derived):
             tips.append("keep the certified norms below their bounds with "

@@ -128,7 +128,7 @@ class Sigma(Node):
         if inner is None:
             return None
         df = self.act.sigma_prime if getattr(self.act, "has_sigma_prime", False) else None
-        return pl.Elementwise(self.act.sigma, inner, df)
+        return pl.Elementwise(self.act.torch_sigma, inner, df)
 
     def lip(self, env: Env | None) -> float:
         return self.act.lipschitz * self.inner.lip(env)
@@ -238,48 +238,72 @@ class GradSum(Node):
         """A sum of planned parts, one per term, by the term's declared ``grad_structure``:
         ``"bilinear"`` (``∇`` independent of the state: a constant), ``"identity"``
         (``∇f(u) = u``: linear in the state, a Gram matrix when cheap) or ``"elementwise"``
-        (``∇f(u)`` elementwise in ``u``); any other term: no plan."""
-        if self.at or self.block.name != ctx.var:
+        (``∇f(u)`` elementwise in ``u``); any other term: no plan.  The per-term analysis is
+        done once (:meth:`_recipe`); a call evaluates the state-free parts."""
+        if self.block.name != ctx.var:
             return None
+        recipe = self._recipe()
+        if recipe is None:
+            return None
+        env = ctx.env
         parts: list[tuple[Any, pl.Plan]] = []
         const = None
-        for t, idx, c in self._plan:
-            kind = getattr(t, "grad_structure", None)
-            if idx is None or kind is None:
-                return None
-            c = self.sign * t.coef_t(ctx.env) if c is None else c
+        for kind, t, c, arg, off in recipe:
+            c = self.sign * t.coef_t(env) if c is None else c
             if kind == "bilinear":
-                if len(idx) != 1 or any(a.states() for j, a in enumerate(t.args) if j != idx[0]):
-                    return None
-                k = idx[0]
-                us = [None if j == k else a.evaluate(ctx.values, ctx.env)
+                k = arg
+                us = [None if j == k else a.evaluate(ctx.values, env)
                       for j, a in enumerate(t.args)]
                 ref = next(u for u in us if u is not None)
                 us[k] = torch.zeros(1, t.args[k].size, dtype=ref.dtype, device=ref.device)
-                g = t.raw_grad(us, ctx.env)[k]
+                g = t.raw_grad(us, env)[k]
                 if g is not None:
-                    contrib = t.args[k].adjoint(g, self.block, ctx.env)
+                    contrib = t.args[k].adjoint(g, self.block, env)
                     const = pl.add(const, contrib if _is_one(c) else c * contrib)
                 continue
-            if kind not in ("identity", "elementwise") or len(t.args) != 1:
-                return None
-            arg = t.args[0]
-            st, off = arg.state_part, arg.offset_part
-            if st is None or any(e.symbol is not self.block for e in st.entries):
-                return None
-            b = None if off is None else off.evaluate(ctx.values, ctx.env)
+            b = None if off is None else off.evaluate(ctx.values, env)
             if kind == "elementwise":
                 parts.append((1.0, pl.ElementwiseGrad(
-                    _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env), b,
-                    _raw_grad(t, ctx.env), c)))
+                    _forward(arg, self.block, env), _adjoint(arg, self.block, env), b,
+                    _raw_grad(t, env), c)))
                 continue
             if b is not None:  # c·Aᵀ(Az + b) = c·AᵀA z + c·Aᵀb
-                contrib = st.adjoint(b, self.block, ctx.env)
+                contrib = arg.adjoint(b, self.block, env)
                 const = pl.add(const, contrib if _is_one(c) else c * contrib)
-            parts.append((c, self._linear_plan(t, st, ctx)))
+            parts.append((c, self._linear_plan(t, arg, ctx)))
         if const is not None:
             parts.insert(0, (1.0, pl.Constant(const)))
         return pl.Sum(parts) if parts else None
+
+    def _recipe(self) -> list[tuple[str, Term, Any, Any, Any]] | None:
+        """Per term ``(kind, term, folded coefficient or None, arg, offset)`` — for
+        ``"bilinear"`` ``arg`` is the index of the argument holding the block, else the state
+        part ``A z`` of the one argument and ``offset`` its state-free part — or None when a
+        term has no plan.  Computed once (the node does not change)."""
+        if hasattr(self, "_recipe_cache"):
+            return self._recipe_cache
+        recipe: list[tuple[str, Term, Any, Any, Any]] | None = []
+        for t, idx, c in self._plan:
+            kind = getattr(t, "grad_structure", None)
+            if self.at or idx is None or kind is None:
+                recipe = None
+                break
+            if kind == "bilinear":
+                if len(idx) != 1 or any(a.states() for j, a in enumerate(t.args) if j != idx[0]):
+                    recipe = None
+                    break
+                recipe.append((kind, t, c, idx[0], None))
+                continue
+            if kind not in ("identity", "elementwise") or len(t.args) != 1:
+                recipe = None
+                break
+            st, off = t.args[0].state_part, t.args[0].offset_part
+            if st is None or any(e.symbol is not self.block for e in st.entries):
+                recipe = None
+                break
+            recipe.append((kind, t, c, st, off))
+        self._recipe_cache = recipe
+        return recipe
 
     def _linear_plan(self, t: Term, st: Affine, ctx: pl.PlanContext) -> pl.Plan:
         """``AᵀA z`` for the state part ``A z`` of an ``"identity"``-gradient term: the Gram
@@ -294,12 +318,10 @@ class GradSum(Node):
                 for s in op.symbols())
             if n <= min(m, GRAM_MAX) and n <= (GRAM_BATCH_TRAIN if trains else
                                                GRAM_BATCH_PLAN) * ctx.batch:
-                ref = next(iter(ctx.values.values()), None)
-                dev = ref.device if ref is not None else None
-                w = ctx.env.get(op.symbols()[0].name) if ctx.env else None
-                dt = w.dtype if w is not None else torch.get_default_dtype()
-                eye = torch.eye(n, dtype=dt, device=dev if w is None else w.device)
-                gram = op.adjoint(op.apply(eye, ctx.env), ctx.env)
+                w = ctx.env.get(op.symbols()[0].name) if ctx.env and op.symbols() else None
+                like = w if w is not None else next(iter(ctx.values.values()),
+                                                    torch.zeros(()))
+                gram = op.gram(like, ctx.env)
                 return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram)
         fwd, adj = _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env)
         return pl.SelfAdjoint(lambda z: adj(fwd(z)))
@@ -320,8 +342,8 @@ class GradSum(Node):
             if n > min(m, GRAM_MAX) or n > GRAM_BATCH * z.shape[0]:
                 cache[key] = None
             else:
-                eye = torch.eye(n, dtype=z.dtype, device=z.device)
-                cache[key] = (e * e) * op.adjoint(op.apply(eye, env), env)
+                gram = op.gram(z, env)
+                cache[key] = gram if e * e == 1.0 else (e * e) * gram
         return cache[key]
 
     def lip(self, env: Env | None) -> float:

@@ -21,8 +21,95 @@ from typing import Any, Protocol
 
 import torch
 
-#: ``v ↦ Jᵀv`` at a fixed point of linearisation; ``None`` stands for the zero map
-Lin = Callable[[torch.Tensor], torch.Tensor] | None
+
+class Transpose:
+    """``v ↦ Jᵀv`` at a point of linearisation (a small type per shape of ``Jᵀ``); ``plus``
+    applies the affine map ``v ↦ Jᵀv + b`` of an adjoint iteration, fused where torch can
+    (``addmm``)."""
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__}.__call__")
+
+    def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``Jᵀv + b``."""
+        return self(v) + b
+
+
+#: ``v ↦ Jᵀv``; ``None`` stands for the zero map
+Lin = Transpose | None
+
+
+class IdentityT(Transpose):
+    """``Jᵀ = I``."""
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return v
+
+
+class MatrixT(Transpose):
+    """``Jᵀv = v Mᵀ`` (batched rows)."""
+
+    def __init__(self, mt: torch.Tensor):
+        self.mt = mt
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return v @ self.mt
+
+    def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if v.ndim == 2 and b.ndim == 2:
+            return torch.addmm(b, v, self.mt)
+        return v @ self.mt + b
+
+
+class FunctionT(Transpose):
+    """``Jᵀ`` given as a function."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]):
+        self.fn = fn
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return self.fn(v)
+
+
+class DiagonalThenT(Transpose):
+    """``Jᵀv = J_innerᵀ(d ⊙ v)`` (an elementwise map after ``inner``)."""
+
+    def __init__(self, d: torch.Tensor, inner: Transpose):
+        self.d, self.inner = d, inner
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.d * v)
+
+    def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.inner.plus(self.d * v, b)
+
+
+class ComposeT(Transpose):
+    """``(J_out J_in)ᵀ v = J_inᵀ(J_outᵀ v)``."""
+
+    def __init__(self, inner: Transpose, outer: Transpose):
+        self.inner, self.outer = inner, outer
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.outer(v))
+
+    def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.inner.plus(self.outer(v), b)
+
+
+class SumT(Transpose):
+    """``Σ_k c_k J_kᵀ v``."""
+
+    def __init__(self, parts: list[tuple[Any, Transpose]]):
+        self.parts = parts
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        acc = None
+        for c, jt in self.parts:
+            w = jt(v)
+            acc = add(acc, w if _is_one(c) else c * w)
+        assert acc is not None
+        return acc
 
 
 class Plan(Protocol):
@@ -76,11 +163,7 @@ class Identity:
         return z
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
-        return z, _identity
-
-
-def _identity(v: torch.Tensor) -> torch.Tensor:
-    return v
+        return z, IdentityT()
 
 
 class Constant:
@@ -106,8 +189,7 @@ class Matrix:
         return z @ self.m
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
-        mt = self.m.detach().T
-        return z @ self.m, lambda v: v @ mt
+        return z @ self.m, MatrixT(self.m.detach().T)
 
 
 class SelfAdjoint:
@@ -120,7 +202,7 @@ class SelfAdjoint:
         return self.apply(z)
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
-        return self.apply(z), self.apply
+        return self.apply(z), FunctionT(self.apply)
 
 
 class ElementwiseGrad:
@@ -153,7 +235,7 @@ class ElementwiseGrad:
             w = self.adjoint(d * self.forward(v))
             return w if isinstance(c, float) and c == 1.0 else c * w
 
-        return self._scale(self.adjoint(gu)), jt
+        return self._scale(self.adjoint(gu)), FunctionT(jt)
 
 
 class Elementwise:
@@ -164,9 +246,12 @@ class Elementwise:
     def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], inner: Plan,
                  df: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.f, self.inner, self.df = f, inner, df
+        inner_fn = getattr(inner, "fn", inner)
+        #: the evaluation as one flat function (fewer Python frames per solver iteration)
+        self.fn = lambda z: f(inner_fn(z))
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        return self.f(self.inner(z))
+        return self.fn(z)
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         p, jt_in = self.inner.linearize(z)
@@ -180,7 +265,7 @@ class Elementwise:
                 out = self.f(p)  # keep the graph to the weights and inputs
         if jt_in is None:
             return out, None
-        return out, lambda v: jt_in(d * v)
+        return out, DiagonalThenT(d, jt_in)
 
 
 def _affine_matrix_fast(parts: list[Any]) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -205,6 +290,7 @@ class Sum:
     def __init__(self, parts: list[tuple[Any, Plan]]):
         self.parts = parts
         self._fast = _affine_matrix_fast(parts)
+        self.fn = self._fast if self._fast is not None else self.__call__
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         if self._fast is not None:
@@ -227,16 +313,9 @@ class Sum:
         assert out is not None
         if not jts:
             return out, None
-
-        def jt_sum(v: torch.Tensor) -> torch.Tensor:
-            acc = None
-            for c, jt in jts:
-                w = jt(v)
-                acc = add(acc, w if _is_one(c) else c * w)
-            assert acc is not None
-            return acc
-
-        return out, jt_sum
+        if len(jts) == 1 and _is_one(jts[0][0]):
+            return out, jts[0][1]
+        return out, SumT(jts)
 
 
 class Compose:
@@ -253,7 +332,7 @@ class Compose:
         out, jt_out = self.outer.linearize(p)
         if jt_in is None or jt_out is None:
             return out, None
-        return out, lambda v: jt_in(jt_out(v))
+        return out, ComposeT(jt_in, jt_out)
 
 
 def _is_one(c: Any) -> bool:
@@ -266,13 +345,21 @@ class Root:
 
     def __init__(self, plan: Plan):
         self.plan = plan
+        inner_fn = getattr(plan, "fn", plan)
+
+        def fn(z: torch.Tensor) -> torch.Tensor:
+            out = inner_fn(z)
+            return out if out.shape == z.shape else out.expand_as(z).contiguous()
+
+        #: the evaluation as one flat function (what the solvers iterate)
+        self.fn = fn
 
     @staticmethod
     def _shape(out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return out if out.shape == z.shape else out.expand_as(z).contiguous()
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        return self._shape(self.plan(z), z)
+        return self.fn(z)
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         out, jt = self.plan.linearize(z)

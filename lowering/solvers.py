@@ -194,7 +194,8 @@ class Tracker:
         self._exact = False  # measure every residual exactly (after a failed confirmation)
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
         self.hist: list[torch.Tensor] = []
-        self.worst = float("inf")
+        self.worst = float("inf")  # the returned (best) iterate's worst-sample residual
+        self.top = float("inf")  # the last recorded iterate's worst-sample residual
 
     @property
     def iterations(self) -> int:
@@ -226,6 +227,7 @@ class Tracker:
             r = r.masked_fill(self.nonfinite, float("inf"))
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
+        self.top = top
         if top < self.worst or self.best_fz is None:
             # the batch's best iterate so far (smallest worst-sample residual): kept by
             # reference, no copy (the solvers never write into an iterate)
@@ -340,6 +342,12 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     iterations (default ``2m``), the history is cleared and the next step is a plain one."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver anderson")
+    return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
+
+
+def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: float,
+              lam: float, restart: int | None) -> tuple[torch.Tensor, SolverStats]:
+    """The Anderson iteration from ``z0`` recording into ``tr`` (see :func:`anderson`)."""
     b, n = z0.shape
     dt, dev = z0.dtype, z0.device
     acc = accumulation_dtype(dt)
@@ -351,7 +359,6 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     eye = torch.eye(m, dtype=acc, device=dev)
     ones = torch.ones(b, m, 1, dtype=acc, device=dev)
     tiny = torch.finfo(acc).tiny ** 0.5
-    tr = Tracker("anderson", z0, tol)
     x = z0
     filled = 0  # number of valid history slots
     slot = 0
@@ -368,7 +375,7 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
         row = (G[:, :filled] @ G[:, slot, :, None])[..., 0]  # (b, filled)
         GG[:, slot, :filled] = row
         GG[:, :filled, slot] = row
-        worst = tr.worst
+        worst = tr.top  # this run's progress (a continued solve may have a better past)
         if worst < 0.999 * best_worst:
             best_worst, stale = worst, 0
         else:
@@ -404,6 +411,60 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
             x_new = beta * x_new + (1 - beta) * (a @ X[:, :filled])[:, 0]
         x = x_new
     return tr.best, tr.stats()
+
+
+#: ``auto``: Anderson from the start for states of at least this size (there one evaluation of
+#: ``T`` costs more than Anderson's bookkeeping, and Anderson needs several times fewer); below
+#: it plain iteration, continued by Anderson once the rate observed over ``AUTO_WINDOW``
+#: iterations predicts more than ``AUTO_PLAIN_BUDGET`` further iterations (or more than half of
+#: those left): a plain iteration of a small state costs ~1/5 of an Anderson one, and Anderson
+#: needs ~10–20 here; measured in docs/theory.md §8
+AUTO_ANDERSON_STATE = 256
+AUTO_PLAIN_BUDGET = 60
+AUTO_WINDOW = 4
+
+
+@register_solver("auto")
+def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int = 5,
+         beta: float = 1.0, lam: float = 1e-8, restart: int | None = None
+         ) -> tuple[torch.Tensor, SolverStats]:
+    """Plain iteration while it converges fast, Anderson otherwise: Anderson from the start for
+    states with ``N ≥ AUTO_ANDERSON_STATE``; below that, plain iteration, continued by Anderson
+    (from the current iterate, same statistics) once the worst residual's rate over the last
+    ``AUTO_WINDOW`` iterations predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further
+    plain iterations.  The choice depends on the residuals only (deterministic);
+    ``stats.solver`` says what ran (``"plain"``, ``"anderson"``, ``"plain→anderson"``)."""
+    if m < 1:
+        raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
+    if z0.shape[-1] >= AUTO_ANDERSON_STATE:
+        return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
+    tr = Tracker("plain", z0, tol)
+    tops: list[float] = []
+    z = z0
+    for k in range(max_iter):
+        fz = f(z)
+        if tr.record(z, fz):
+            break
+        tops.append(tr.top)
+        if k % AUTO_WINDOW == 0 and k and _plain_too_slow(tops, tol, max_iter - k - 1):
+            tr.name = "plain→anderson"
+            return _anderson(f, fz, tr, max_iter - k - 1, m, beta, lam, restart)
+        z = fz
+    return tr.best, tr.stats()
+
+
+def _plain_too_slow(tops: list[float], tol: float, left: int) -> bool:
+    """True when the rate of the worst residual over the last ``AUTO_WINDOW`` iterations
+    predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further iterations to ``tol``
+    (a rate ≥ 1, or a non-finite residual, predicts infinitely many)."""
+    now, then = tops[-1], tops[-1 - AUTO_WINDOW]
+    if not (math.isfinite(now) and math.isfinite(then)) or now <= 0:
+        return False  # non-finite samples are handled by the tracker; 0 is done
+    if now >= then:
+        return True
+    rate = (now / then) ** (1.0 / AUTO_WINDOW)
+    need = math.log(tol / now) / math.log(rate) if now > tol else 0.0
+    return need > min(AUTO_PLAIN_BUDGET, left / 2)
 
 
 @register_solver("broyden")

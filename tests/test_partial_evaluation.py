@@ -10,18 +10,20 @@ from convex_eq.models import opteq
 
 
 def _count_applications(module: torch.nn.Module, name: str) -> list[int]:
-    """Count ``apply`` calls of the operator of weight ``name`` (instance-level patch)."""
+    """Count the uses of the operator of weight ``name``: ``apply`` calls and Gram-matrix
+    formations ``AᵀA`` (instance-level patches)."""
     ops = [e.op for t in module.derived.source.terms for a in t.args for e in a.entries
            if e.op is not None and any(s.name == name for s in e.op.symbols())]
     calls = [0]
     for op in {id(o): o for o in ops}.values():
-        orig = op.apply
+        for method in ("apply", "gram"):
+            orig = getattr(op, method)
 
-        def counted(v, env, orig=orig):
-            calls[0] += 1
-            return orig(v, env)
+            def counted(v, env=None, orig=orig):
+                calls[0] += 1
+                return orig(v, env)
 
-        op.apply = counted
+            setattr(op, method, counted)
     return calls
 
 
@@ -58,7 +60,8 @@ def test_direct_adjoint_matches_iterative_and_dense_reference() -> None:
     grads = {}
     for meth in ("direct", "iterative"):
         module = lowering.lower(obj).torch_module(dtype=torch.float64, tol=1e-12,
-                                                  backward_adjoint=meth, backward_tol=1e-12)
+                                                  backward_adjoint=meth, backward_tol=1e-12,
+                                                  backward_solver="anderson")
         xx = x.clone().requires_grad_()
         (module(xx) ** 2).sum().backward()
         grads[meth] = xx.grad
@@ -70,8 +73,8 @@ def test_direct_adjoint_matches_iterative_and_dense_reference() -> None:
 
 
 def test_gram_form_once_per_solve_and_exact_weight_gradients() -> None:
-    """``-½||Wz||²`` with ``W: 16×8`` at batch 4: ``WᵀW`` is formed once per solve (one ``W``
-    application instead of two per iteration) and in the backward's graph, through which
+    """``-½||Wz||²`` with ``W: 16×8`` at batch 4: ``WᵀW`` is formed once per solve (one use of
+    ``W`` instead of two applications per iteration) and in the backward's graph, through which
     ``∂ℓ/∂W`` flows; the gradients equal those of an unrolled layer (no partial evaluation)."""
     torch.manual_seed(2)
     obj = opteq(n=8, m=16, d=4)
@@ -111,7 +114,8 @@ def test_nested_batch_coupling_uses_the_iterative_adjoint_and_refuses_mask() -> 
         layer.torch_module(dtype=torch.float64, on_nonconvergence="mask")
     x = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     grads = {}
-    for name, kw in {"implicit": {"backward_adjoint": "direct", "backward_tol": 1e-12},
+    for name, kw in {"implicit": {"backward_adjoint": "direct", "backward_tol": 1e-12,
+                                  "backward_solver": "anderson"},
                      "unroll": {"backward": "unroll", "unroll_steps": 400}}.items():
         module = lowering.lower(obj).torch_module(dtype=torch.float64, tol=1e-10,
                                                   max_iter=1000, **kw)

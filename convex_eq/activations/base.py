@@ -101,6 +101,12 @@ class Activation:
         raise NotImplementedError
 
     @property
+    def torch_sigma(self) -> Any:
+        """``σ`` as a function of a tensor (the torch op itself where there is one: no input
+        conversion on the solvers' hot path)."""
+        return self.sigma
+
+    @property
     def has_sigma_prime(self) -> bool:
         """True if this activation gives ``σ'`` in closed form (:meth:`sigma_prime`)."""
         return type(self).sigma_prime is not Activation.sigma_prime

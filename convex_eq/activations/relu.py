@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .._lazy import cvxpy as cp
 from .._lazy import torch
@@ -22,6 +23,11 @@ class ReLU(Activation):
     text_sigma = "max(t, 0)"
     _split_coefficient = 0.0
     _conjugate_boundary = (None, 0.0)
+
+    @property
+    def torch_sigma(self) -> Any:
+        """``torch.relu``."""
+        return torch.relu
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = max(t, 0)``."""

@@ -7,6 +7,7 @@ drops this constant; it does not change the prox or any minimizer).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .._lazy import cvxpy as cp
 from .._lazy import torch
@@ -28,6 +29,11 @@ class Sigmoid(Activation):
     text_sigma = "1/(1 + exp(-t))"
     _split_coefficient = -1.0
     _antideriv_conj_boundary = (LOG2, LOG2)
+
+    @property
+    def torch_sigma(self) -> Any:
+        """``torch.sigmoid``."""
+        return torch.sigmoid
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = 1/(1 + e^{-t})``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .._lazy import cvxpy as cp
 from .._lazy import torch
@@ -22,6 +23,11 @@ class Tanh(Activation):
     text_sigma = "tanh(t)"
     _split_coefficient = -1.0
     _antideriv_conj_boundary = (math.log(2.0), math.log(2.0))
+
+    @property
+    def torch_sigma(self) -> Any:
+        """``torch.tanh``."""
+        return torch.tanh
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = tanh t``."""

@@ -80,6 +80,12 @@ class LinOp:
         """Weights/constants referenced by the operator (distinct, in order)."""
         return []
 
+    def gram(self, like: torch.Tensor, env: Env | None = None) -> torch.Tensor:
+        """``AᵀA`` as an ``(in_size, in_size)`` tensor of ``like``'s dtype and device (default:
+        ``Aᵀ(A I)``, two applications to the identity; a matrix operator forms it directly)."""
+        eye = torch.eye(self.in_size, dtype=like.dtype, device=like.device)
+        return self.adjoint(self.apply(eye, env), env)
+
     def check_input(
         self, v: Any, term: str | None = None, *, adjoint: bool = False
     ) -> torch.Tensor:

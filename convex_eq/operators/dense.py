@@ -38,6 +38,11 @@ class Dense(LinOp):
         w = self.check_input(w, adjoint=True)
         return w @ resolve_weight(self.W, env, w, self)
 
+    def gram(self, like: torch.Tensor, env: Env | None = None) -> torch.Tensor:
+        """``WᵀW`` (one product, ``n²m``)."""
+        w = resolve_weight(self.W, env, like, self)
+        return w.T @ w
+
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``W`` itself as a float64 numpy array (a copy)."""
         t = resolve_weight(self.W, env, torch.empty((), dtype=torch.float64), self)
