@@ -210,20 +210,42 @@ def _adjoint(fz: torch.Tensor, zz: torch.Tensor, v: torch.Tensor, problem: Fixed
 def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tensor,
                       needs: list[bool]) -> list[torch.Tensor | None]:
     """First-order implicit gradients from the forward's plan: ``Jᵀ`` at ``z*`` as a closure
-    (no autograd per adjoint iteration), then one backward of ``T(z*)`` to the leaves the plan
-    was built from (``(∂T/∂θ)ᵀ g``)."""
-    with torch.enable_grad():
-        fz, jt = problem.plan.linearize(z)
+    (no autograd per adjoint iteration), then ``(∂T/∂θ)ᵀ g``: in closed form for the plan's
+    state-free tensors (``param_vjp``; autograd only from those to the weights and inputs they
+    were built from), or by one backward of ``T(z*)`` when some part has no closed form."""
+    plan, leaves = problem.plan, problem.leaves
+    assert leaves is not None
     with torch.no_grad():
+        _, jt = plan.linearize(z)
         g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
-    assert problem.leaves is not None
-    want = [t for t, n in zip(problem.leaves, needs) if n]
-    if not fz.requires_grad:
-        return [None] * len(needs)
-    # retain_graph: the plan's state-free parts (Ux + b, AᵀA) keep their graph for a second
-    # backward through the same output (retain_graph=True upstream)
-    grads = iter(torch.autograd.grad(fz, want, g, allow_unused=True, retain_graph=True))
-    return [next(grads) if n else None for n in needs]
+        pairs = plan.param_vjp(z, g)
+    grads: list[torch.Tensor | None] = [None] * len(needs)
+    if pairs is None:
+        with torch.enable_grad():
+            fz = plan(z)
+        rest_t, rest_c = [fz], [g]
+    else:
+        index = {id(t): i for i, t in enumerate(leaves)}
+        rest_t, rest_c = [], []
+        for t, ct in pairs:
+            if not t.requires_grad:
+                continue
+            i = index.get(id(t))
+            if i is not None:  # the plan holds the leaf itself (an input injection q)
+                grads[i] = ct if grads[i] is None else grads[i] + ct
+            else:
+                rest_t.append(t)
+                rest_c.append(ct)
+    want = [i for i, n in enumerate(needs) if n]
+    if rest_t and want:
+        # retain_graph: the plan's state-free parts (Ux + b, AᵀA) keep their graph for a
+        # second backward through the same output (retain_graph=True upstream)
+        more = torch.autograd.grad(rest_t, [leaves[i] for i in want], rest_c, allow_unused=True,
+                                   retain_graph=True)
+        for i, gr in zip(want, more):
+            if gr is not None:
+                grads[i] = gr if grads[i] is None else grads[i] + gr
+    return [gr if n else None for gr, n in zip(grads, needs)]
 
 
 def _adjoint_from_map(jt: Callable[[torch.Tensor], torch.Tensor], z: torch.Tensor,

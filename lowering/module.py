@@ -290,7 +290,7 @@ class EquilibriumModule(nn.Module):
         with torch.no_grad():
             return self.weight_control.norms(self.env())
 
-    def _inputs(self, x: Any) -> dict[str, torch.Tensor]:
+    def _inputs(self, x: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         if x is None or (isinstance(x, dict) and not x):
             if self.input_syms:
                 raise ShapeError(f"layer has inputs {[s.name for s in self.input_syms]}",
@@ -304,7 +304,7 @@ class EquilibriumModule(nn.Module):
                                  term="forward", hint="pass a dict name → tensor")
             given = {self.input_syms[0].name: x}
         out = {}
-        dtype = self.dtype
+        dtype = self.dtype if dtype is None else dtype
         for s in self.input_syms:
             if s.name not in given:
                 raise ShapeError(f"missing input '{s.name}'", term="forward")
@@ -352,9 +352,9 @@ class EquilibriumModule(nn.Module):
         """``z*(x)``: the equilibrium of ``T(·, x)`` (shaped like the state block, or a tuple of
         blocks), with the gradient of the configured backward strategy; ``return_stats`` also
         returns the forward :class:`~lowering.solvers.SolverStats`."""
-        inputs = self._inputs(x)
-        env = self.env()
         out_dtype = self.dtype
+        inputs = self._inputs(x, out_dtype)
+        env = self.env()
         if out_dtype in HALF:  # solved in float32; gradients flow back through the casts
             inputs = {k: v.float() for k, v in inputs.items()}
             env = {k: (v.float() if v.dtype in HALF else v) for k, v in env.items()}
@@ -366,9 +366,9 @@ class EquilibriumModule(nn.Module):
                        torch.zeros((), dtype=out_dtype))
         dt = torch.float32 if out_dtype in HALF else out_dtype
         z0 = self._initial(z0, b, dt, ref.device)
-        bad_in = self._nonfinite_inputs(inputs, b, ref.device)
-        keep = ~bad_in
-        if bool(bad_in.any()):
+        bad_in = self._nonfinite_inputs(inputs, b, ref.device)  # None: every input finite
+        if bad_in is not None:
+            keep = ~bad_in
             warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
                           "outputs are NaN and they are excluded from the solve and the backward "
                           "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=2)
@@ -389,10 +389,10 @@ class EquilibriumModule(nn.Module):
             z_star, stats = self._unroll(f, z0)
             planned = None
         else:
-            planned = self._plan(keys_in, keys_env, tensors, z0.shape[0])
+            planned = self._plan(keys_in, keys_env, tensors, z0)
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env)
-        ok = self._judge(stats, bad_in)
-        if bool(ok.all()):
+        ok, all_ok = self._judge(stats, bad_in)
+        if all_ok:
             z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0,
                                                                       planned)
         else:  # gradients through the accepted samples only; the others are NaN
@@ -405,35 +405,34 @@ class EquilibriumModule(nn.Module):
             z = z_star.detach().clone().index_put((rows,), z_ok)
             z = torch.where(ok[:, None], z, torch.full_like(z, float("nan")))
         z = self.derived.output(z, inputs, env)  # the layer's outputs (the state without a map)
-        if bool(bad_in.any()):  # put the dropped samples back (NaN)
+        if bad_in is not None:  # put the dropped samples back (NaN)
             full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
             z = full.index_put((torch.nonzero(keep).flatten(),), z)
             stats = _expand_stats(stats, keep)
         if out_dtype in HALF:
             z = z.to(out_dtype)
-        self.last_stats = stats
+        self.__dict__["last_stats"] = stats  # a plain attribute (no nn.Module bookkeeping)
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
 
     @compile_disabled
     def _nonfinite_inputs(self, inputs: dict[str, torch.Tensor], b: int,
-                          device: torch.device) -> torch.Tensor:
+                          device: torch.device) -> torch.Tensor | None:
         """Samples with NaN/Inf inputs: named in a ``NonFiniteError``, or (mask mode) returned
-        to be left out of the solve."""
-        bad_in = torch.zeros(b, dtype=torch.bool, device=device)
+        to be left out of the solve; None when every input is finite (one reduction each)."""
+        bad_in = None
         for name, t in inputs.items():
             if bool(torch.isfinite(t).all()):  # the common case: one reduction, no per-sample
                 continue
             bad = ~torch.isfinite(t).all(dim=1)
-            if bool(bad.any()):
-                if self.on_nonconvergence != "mask":
-                    raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
-                                         f"{_indices(bad)}", term="forward",
-                                         hint="clean those samples" + (
-                                             "" if self._batch_coupled else ", or pass "
-                                             "on_nonconvergence='mask' to drop them from the "
-                                             "batch"))
-                bad_in |= bad
+            if self.on_nonconvergence != "mask":
+                raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
+                                     f"{_indices(bad)}", term="forward",
+                                     hint="clean those samples" + (
+                                         "" if self._batch_coupled else ", or pass "
+                                         "on_nonconvergence='mask' to drop them from the "
+                                         "batch"))
+            bad_in = bad if bad_in is None else bad_in | bad
         return bad_in
 
     def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
@@ -449,13 +448,13 @@ class EquilibriumModule(nn.Module):
         return z0.reshape(b, self.state_size).to(dt)
 
     def _plan(self, keys_in: list[str], keys_env: list[str], tensors: list[torch.Tensor],
-              batch: int) -> tuple[Plan, list[torch.Tensor]] | None:
+              z0: torch.Tensor) -> tuple[Plan, list[torch.Tensor]] | None:
         """``T`` planned for these inputs and weights (:mod:`lowering.plan`): state-free parts
         computed once, the transpose Jacobian as a closure.  With gradients needed (implicit
         backward) the plan is built with autograd from leaf copies of ``tensors``, so that the
         backward differentiates it with respect to them.  None for layers without a plan
         (several state blocks, or a node that has none)."""
-        if len(self.blocks) != 1 or not self._plannable:
+        if len(self.blocks) != 1 or not getattr(self, "_plannable", True):  # (older pickles)
             return None
         grad = (torch.is_grad_enabled() and self.backward == "implicit"
                 and any(t.requires_grad for t in tensors))
@@ -463,7 +462,7 @@ class EquilibriumModule(nn.Module):
                   for t in tensors]
         n_in = len(keys_in)
         ctx = PlanContext(self.blocks[0].name, dict(zip(keys_in, leaves[:n_in])),
-                          dict(zip(keys_env, leaves[n_in:])), batch)
+                          dict(zip(keys_env, leaves[n_in:])), z0.shape[0], z0)
         with torch.set_grad_enabled(grad):
             plan = self.derived.nodes[self.blocks[0].name].plan(ctx)
         if plan is None:
@@ -517,14 +516,21 @@ class EquilibriumModule(nn.Module):
         return z, tr.stats()
 
     # ------------------------------------------------------------------ failures
-    def _judge(self, stats: SolverStats, bad_in: torch.Tensor) -> torch.Tensor:
-        """``ok`` mask of the solved samples; raises / warns per ``on_nonconvergence``."""
+    def _judge(self, stats: SolverStats, bad_in: torch.Tensor | None
+               ) -> tuple[torch.Tensor, bool]:
+        """``(ok mask of the solved samples, whether all are ok)``; raises / warns per
+        ``on_nonconvergence``.  ``bad_in``: samples dropped for NaN/Inf inputs (None: none)."""
+        if stats.all_converged and self.backward != "unroll":
+            return stats.converged, True
         nonfinite = stats.nonfinite if stats.nonfinite is not None else \
             torch.zeros_like(stats.converged)
         # an unrolled layer is K iterations by definition: only NaN/Inf fails it
-        ok = ~nonfinite if self.backward == "unroll" else stats.converged.clone()
+        ok = ~nonfinite if self.backward == "unroll" else stats.converged
         if bool(ok.all()):
-            return ok
+            return ok, True
+        ok = ok.clone()
+        if bad_in is None:
+            bad_in = torch.zeros(ok.numel(), dtype=torch.bool, device=ok.device)
         keep = ~bad_in
         idx_map = torch.nonzero(keep).flatten()  # solved sample → batch index
         failed_batch = torch.zeros_like(bad_in)
@@ -550,10 +556,10 @@ class EquilibriumModule(nn.Module):
             raise cls(msg, term="forward", hint=hint)
         if self.on_nonconvergence == "warn":  # finite, unconverged samples: their best iterate
             warnings.warn(f"forward: {msg}. Hint: {hint}", ConvergenceWarning, stacklevel=3)
-            return torch.ones_like(ok)
+            return torch.ones_like(ok), True
         warnings.warn(f"forward: {msg}; their outputs are NaN and excluded from the backward "
                       "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=3)
-        return ok
+        return ok, False
 
     def _hint(self) -> str:
         """What to change — never an option that is already set."""

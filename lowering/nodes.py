@@ -318,9 +318,11 @@ class GradSum(Node):
                 for s in op.symbols())
             if n <= min(m, GRAM_MAX) and n <= (GRAM_BATCH_TRAIN if trains else
                                                GRAM_BATCH_PLAN) * ctx.batch:
-                w = ctx.env.get(op.symbols()[0].name) if ctx.env and op.symbols() else None
-                like = w if w is not None else next(iter(ctx.values.values()),
-                                                    torch.zeros(()))
+                like = ctx.like
+                if like is None:  # no state given: a weight's, else an input's dtype
+                    syms = op.symbols()
+                    like = ctx.env.get(syms[0].name) if ctx.env and syms else None
+                    like = like if like is not None else next(iter(ctx.values.values()))
                 gram = op.gram(like, ctx.env)
                 return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram)
         fwd, adj = _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env)
@@ -441,7 +443,7 @@ class Prox(Node):
         if inner is None:
             return None
         g, t, env = self.g, self.t, ctx.env
-        return pl.Elementwise(lambda v: g.prox(v, t, env), inner)
+        return pl.Elementwise(lambda v: g.prox(v, t, env), inner, has_params=True)
 
     def text(self) -> str:
         if hasattr(self.g, "prox_text"):

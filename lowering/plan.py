@@ -37,6 +37,12 @@ class Transpose:
 
 #: ``v ↦ Jᵀv``; ``None`` stands for the zero map
 Lin = Transpose | None
+#: ``(tensor held by a plan, its cotangent)`` pairs, or None (no closed form)
+Pairs = list[tuple[torch.Tensor, torch.Tensor]] | None
+
+
+def _join(a: Pairs, b: Pairs) -> Pairs:
+    return None if a is None or b is None else a + b
 
 
 class IdentityT(Transpose):
@@ -121,6 +127,12 @@ class Plan(Protocol):
         """``(node(z), v ↦ (∂node/∂z)ᵀ v)`` (the map is ``None`` when it is zero)."""
         ...
 
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        """``(∂node/∂c)ᵀ g`` for each state-free tensor ``c`` the plan holds, as ``(c,
+        cotangent)`` pairs (autograd carries them on to the weights and inputs ``c`` was built
+        from); None when some part holds tensors it cannot differentiate in closed form."""
+        ...
+
 
 @dataclass
 class PlanContext:
@@ -131,10 +143,12 @@ class PlanContext:
     values: Mapping[str, torch.Tensor]
     env: Any
     batch: int
+    #: a tensor of the state's dtype and device (what matrices formed by the plan are made of)
+    like: torch.Tensor | None = None
 
     def at(self, var: str) -> PlanContext:
         """The same context planning with respect to another block (composition)."""
-        return PlanContext(var, self.values, self.env, self.batch)
+        return PlanContext(var, self.values, self.env, self.batch, self.like)
 
 
 def elementwise_derivative(fn: Callable[[torch.Tensor], torch.Tensor], p: torch.Tensor
@@ -165,6 +179,9 @@ class Identity:
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         return z, IdentityT()
 
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        return []
+
 
 class Constant:
     """``z ↦ c`` (a state-free value, e.g. ``−∇<q, z> = q``)."""
@@ -177,6 +194,10 @@ class Constant:
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         return self.c, None
+
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        c = self.c
+        return [(c, g if g.shape == c.shape else g.sum_to_size(c.shape))]
 
 
 class Matrix:
@@ -191,6 +212,9 @@ class Matrix:
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         return z @ self.m, MatrixT(self.m.detach().T)
 
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        return [(self.m, z.T @ g)]  # ∂<g, zM>/∂M
+
 
 class SelfAdjoint:
     """``z ↦ L(z)`` for a self-adjoint linear map given as a function (e.g. ``c·Aᵀ(Az)``)."""
@@ -203,6 +227,9 @@ class SelfAdjoint:
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         return self.apply(z), FunctionT(self.apply)
+
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        return None  # the weights sit inside the function: autograd
 
 
 class ElementwiseGrad:
@@ -237,6 +264,9 @@ class ElementwiseGrad:
 
         return self._scale(self.adjoint(gu)), FunctionT(jt)
 
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        return None  # the weights sit inside the argument's map: autograd
+
 
 class Elementwise:
     """``z ↦ f(inner(z))`` with ``f`` elementwise (an activation, a separable prox);
@@ -244,8 +274,12 @@ class Elementwise:
     autograd)."""
 
     def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], inner: Plan,
-                 df: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 df: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 has_params: bool = False):
         self.f, self.inner, self.df = f, inner, df
+        #: ``f`` reads weights or scalars (a prox with a coefficient): no closed-form param_vjp
+        self.has_params = has_params
+        self._point: tuple[torch.Tensor, torch.Tensor] | None = None  # (z, f'(inner(z)))
         inner_fn = getattr(inner, "fn", inner)
         #: the evaluation as one flat function (fewer Python frames per solver iteration)
         self.fn = lambda z: f(inner_fn(z))
@@ -263,9 +297,20 @@ class Elementwise:
             out, d = elementwise_derivative(self.f, p)
             if torch.is_grad_enabled() and p.requires_grad:
                 out = self.f(p)  # keep the graph to the weights and inputs
+        self._point = (z, d)
         if jt_in is None:
             return out, None
         return out, DiagonalThenT(d, jt_in)
+
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        if self.has_params:
+            return None
+        if self._point is not None and self._point[0] is z:  # linearised here already
+            d = self._point[1]
+        else:
+            p = self.inner(z)
+            d = self.df(p) if self.df is not None else elementwise_derivative(self.f, p)[1]
+        return self.inner.param_vjp(z, d * g)
 
 
 def _affine_matrix_fast(parts: list[Any]) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -317,6 +362,16 @@ class Sum:
             return out, jts[0][1]
         return out, SumT(jts)
 
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        out: Pairs = []
+        for c, p in self.parts:
+            if isinstance(c, torch.Tensor) and c.requires_grad:
+                return None  # a trained coefficient: autograd
+            out = _join(out, p.param_vjp(z, g if _is_one(c) else c * g))
+            if out is None:
+                return None
+        return out
+
 
 class Compose:
     """``z ↦ outer(inner(z))`` (a substitution ``f(g(z))``, e.g. the layers of deep OptEq)."""
@@ -333,6 +388,16 @@ class Compose:
         if jt_in is None or jt_out is None:
             return out, None
         return out, ComposeT(jt_in, jt_out)
+
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        p, _ = self.inner.linearize(z)
+        _, jt_out = self.outer.linearize(p)
+        outer = self.outer.param_vjp(p, g)
+        if outer is None:
+            return None
+        if jt_out is None:
+            return outer
+        return _join(outer, self.inner.param_vjp(z, jt_out(g)))
 
 
 def _is_one(c: Any) -> bool:
@@ -364,3 +429,6 @@ class Root:
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         out, jt = self.plan.linearize(z)
         return self._shape(out, z), jt
+
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        return self.plan.param_vjp(z, g)

@@ -1,10 +1,10 @@
 """Fixed-point solvers (batched, per-sample statistics) with a registry, torchdeq-style.
 
 Every solver finds ``z = f(z)`` for ``f: (B, N) → (B, N)`` and stops when every sample's relative
-residual ``||f(z) - z|| / ||f(z)||`` is ≤ ``tol`` (or has become non-finite); it returns the
-iterate with the smallest worst-sample residual measured (the first one at which every sample met
-``tol``, when that happens), and per sample the exact residual of that returned iterate, so a
-``converged`` flag always describes the returned point.  See ``docs/theory.md`` §8
+residual ``||f(z) - z|| / max(||f(z)||, 1e-30)`` is ≤ ``tol`` (or has become non-finite); it
+returns, per sample, the iterate with the smallest residual measured (or the latest within
+``tol``) and the exact residual of that returned iterate, so a ``converged`` flag always
+describes the returned point.  See ``docs/theory.md`` §8
 (training-time equilibrium modes).
 
 Per iteration the residual uses plain norms (cheap); the returned iterate's residual, and any
@@ -16,8 +16,10 @@ NaN residual and marks that sample non-finite.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,8 @@ class SolverStats:
     nonfinite: torch.Tensor | None = field(default=None)  # (B,) bool
     #: residual of the returned iterate per sample (None: the minimum of ``residuals``)
     returned_residual: torch.Tensor | None = field(default=None)
+    #: True when the solver knows every sample converged (saves a device synchronisation)
+    all_converged: bool | None = field(default=None)
 
     def __post_init__(self) -> None:
         if self.nonfinite is None:
@@ -167,8 +171,29 @@ def rel_residual(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return scaled_rel_residual(fz - z, fz)
 
 
+class _Replay:
+    """What a replayed solve collects: per sample, the iterate (and its image) at the iteration
+    where the first run measured that sample's smallest residual."""
+
+    def __init__(self, at: torch.Tensor):
+        self.at = at  # (B,) iteration index per sample (-1: keep the first run's last iterate)
+        self.last = int(at.max())
+        self.z: torch.Tensor | None = None
+        self.fz: torch.Tensor | None = None
+
+    def capture(self, k: int, z: torch.Tensor, fz: torch.Tensor) -> bool:
+        """Keep the rows of iteration ``k``; True (stop) once the last one wanted is in."""
+        rows = (self.at == k).reshape((-1,) + (1,) * (z.ndim - 1))
+        self.z = torch.where(rows, z, z if self.z is None else self.z)
+        self.fz = torch.where(rows, fz, fz if self.fz is None else self.fz)
+        return k >= self.last
+
+
+_REPLAY: ContextVar[_Replay | None] = ContextVar("convex_eq_solver_replay", default=None)
+
+
 class Tracker:
-    """Solver state: residual history, the batch's best iterate, non-finite samples.
+    """Solver state: residual history, the latest iterate, non-finite samples.
 
     ``record(z, fz)`` measures the residual at ``z`` and returns True once every sample has
     either met ``tol`` or become non-finite; ``record_residual(r)`` appends a residual measured
@@ -184,12 +209,16 @@ class Tracker:
 
     def __init__(self, name: str, z0: torch.Tensor, tol: float):
         self.name, self.tol = name, tol
-        self.best = z0.detach().clone()
+        self.best = z0.detach().clone()  # never the caller's tensor (a warm start's z0)
+        self._z0 = z0
+        #: set while run_solver replays an unconverged solve to collect per-sample best iterates
+        self._replay = _REPLAY.get()
+        self._done = False  # the last record was confirmed: every sample meets tol
         self.best_fz: torch.Tensor | None = None  # f(best); replaced, never written into
-        b = z0.shape[0]
-        rdt = torch.float32 if z0.dtype in (torch.float16, torch.bfloat16) else z0.dtype
-        self.best_res = torch.full((b, 1), float("inf"), dtype=rdt, device=z0.device)
-        self.nonfinite = torch.zeros(b, 1, dtype=torch.bool, device=z0.device)
+        #: residual dtype: the state's (float32 for float16/bfloat16)
+        self._rdt = torch.float32 if z0.dtype in (torch.float16, torch.bfloat16) else z0.dtype
+        self._best_res: torch.Tensor | None = None  # (B, 1), created when first needed
+        self._nonfinite: torch.Tensor | None = None  # (B, 1) bool, created when first needed
         self._any_nonfinite = False
         self._exact = False  # measure every residual exactly (after a failed confirmation)
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
@@ -201,6 +230,30 @@ class Tracker:
     def iterations(self) -> int:
         """Residuals recorded so far."""
         return len(self.hist)
+
+    @property
+    def best_res(self) -> torch.Tensor:
+        """``(B, 1)`` residual of the returned iterate per sample (inf before any record)."""
+        if self._best_res is None:
+            self._best_res = torch.full((self.best.shape[0], 1), float("inf"), dtype=self._rdt,
+                                        device=self.best.device)
+        return self._best_res
+
+    @best_res.setter
+    def best_res(self, r: torch.Tensor) -> None:
+        self._best_res = r
+
+    @property
+    def nonfinite(self) -> torch.Tensor:
+        """``(B, 1)`` bool: samples whose iterates became NaN/Inf."""
+        if self._nonfinite is None:
+            self._nonfinite = torch.zeros(self.best.shape[0], 1, dtype=torch.bool,
+                                          device=self.best.device)
+        return self._nonfinite
+
+    @nonfinite.setter
+    def nonfinite(self, m: torch.Tensor) -> None:
+        self._nonfinite = m
 
     def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None) -> bool:
         """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it); True once
@@ -214,10 +267,13 @@ class Tracker:
             norm = torch.linalg.vector_norm
             dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
             r = norm(dd, dim=1, keepdim=True) / norm(ff, dim=1, keepdim=True)
-            if r.dtype != self.best_res.dtype:
-                r = r.to(self.best_res.dtype)
-        col = r.masked_fill(self.nonfinite, 0.0) if self._any_nonfinite else r
-        top = float(col.max())  # the one host synchronisation
+            if r.dtype != self._rdt:
+                r = r.to(self._rdt)
+        if self._any_nonfinite:  # finished samples: out of the maximum
+            r = r.masked_fill(self.nonfinite, float("inf"))
+            top = float(r.masked_fill(self.nonfinite, 0.0).max())
+        else:
+            top = float(r.max())  # the one host synchronisation
         if not math.isfinite(top):
             # 0/0, an overflow or a non-finite iterate: the exact form; a non-finite z, f(z) or
             # difference makes it NaN (its scale is inf/NaN) and marks the sample non-finite
@@ -227,41 +283,52 @@ class Tracker:
             r = r.masked_fill(self.nonfinite, float("inf"))
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
-        self.top = top
-        if top < self.worst or self.best_fz is None:
-            # the batch's best iterate so far (smallest worst-sample residual): kept by
-            # reference, no copy (the solvers never write into an iterate)
-            self.best, self.best_fz, self.best_res, self.worst = z, fz, r, top
+        if z is self._z0:  # never hand back the caller's tensor (a warm start's z0)
+            z = z.clone()
+        # the latest iterate, by reference (the solvers never write into an iterate); a solve
+        # that ends unconverged gets each sample's best iterate by a replay (run_solver)
+        self.best, self.best_fz, self.best_res, self.top, self.worst = z, fz, r, top, top
         self._confirmed = None
+        self._done = False
+        replay = self._replay
+        if replay is not None:
+            return replay.capture(len(self.hist) - 1, z, fz)
         if top > self.tol:
             return False
         return self._confirm()
 
     def _scaled(self, d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
-        return scaled_rel_residual(d, fz)[:, None].to(self.best_res.dtype)
+        return scaled_rel_residual(d, fz)[:, None].to(self._rdt)
 
     def _returned_residual(self) -> torch.Tensor:
         """Exact residual of each returned iterate ``(B, 1)`` (inf for non-finite samples):
         float64 norms of a float32/16 state (exact: its squares cannot overflow or underflow
-        there), the scaled form otherwise or when those are not finite."""
+        there; finite, as the returned iterate's plain residual was), the scaled form
+        otherwise."""
         if self._confirmed is None:
             if self.best_fz is None:  # nothing recorded by record(): the plain residuals
                 return self.best_res
             fz, d = self.best_fz, self.best_fz - self.best
-            # a returned iterate of a sample not marked non-finite had finite norms: finite
             if fz.dtype in _LOW_PRECISION and not self._any_nonfinite:
-                r = fast_rel_residual(d, fz)[:, None].to(self.best_res.dtype)
+                dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
+                norm = torch.linalg.vector_norm
+                den = norm(ff, dim=1, keepdim=True, dtype=torch.float64).clamp_min(1e-30)
+                r = (norm(dd, dim=1, keepdim=True, dtype=torch.float64) / den).to(self._rdt)
             else:
                 r = self._scaled(d, fz)
-            self._confirmed = (r.masked_fill(self.nonfinite, float("inf"))
-                               if self._any_nonfinite else r)
+                if self._any_nonfinite:
+                    r = r.masked_fill(self.nonfinite, float("inf"))
+            self._confirmed = r
         return self._confirmed
 
     def _confirm(self) -> bool:
         r = self._returned_residual()
+        worst = float(r.masked_fill(self.nonfinite, 0.0).max() if self._any_nonfinite
+                      else r.max())
         self.best_res = r
-        self.worst = float(r.masked_fill(self.nonfinite, 0.0).max())
-        if self.worst <= self.tol:
+        self.worst = worst
+        if worst <= self.tol:
+            self._done = True
             return True
         self._exact = True  # the plain norms were wrong here (extreme scales): go on exactly
         return False
@@ -275,13 +342,15 @@ class Tracker:
         iterates' residuals measured exactly; iteration counts computed on access)."""
         b = self.best.shape[0]
         best_res = self._returned_residual()[:, 0]
-        nonfinite = self.nonfinite[:, 0]
         res = (torch.cat(self.hist, dim=1) if self.hist
-               else torch.zeros(b, 0, dtype=self.best_res.dtype, device=self.best.device))
+               else torch.zeros(b, 0, dtype=self._rdt, device=self.best.device))
         done = best_res <= self.tol
-        if self._any_nonfinite:
-            done &= ~nonfinite
-        return SolverStats(self.name, res, None, done, self.tol, nonfinite, best_res)
+        if not self._any_nonfinite:
+            return SolverStats(self.name, res, None, done, self.tol, None, best_res,
+                               True if self._done else None)
+        nonfinite = self.nonfinite[:, 0]
+        return SolverStats(self.name, res, None, done & ~nonfinite, self.tol, nonfinite,
+                           best_res)
 
 
 _Tracker = Tracker  # the name used before the solver state became public
@@ -293,10 +362,64 @@ def register_solver(name: str) -> Callable[[Callable], Callable]:
     """Decorator adding a solver ``fn(f, z0, tol, max_iter, **options)`` to the registry."""
 
     def deco(fn: Callable) -> Callable:
-        SOLVERS[name] = fn
-        return fn
+        run = _per_sample_best(fn)
+        SOLVERS[name] = run
+        return run
 
     return deco
+
+
+def exact_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
+    """``||d|| / max(||fz||, 1e-30)`` per sample, exactly: float64 norms for float32/16 states
+    (their squares cannot overflow or underflow in float64), the scaled form otherwise."""
+    if fz.ndim != 2:
+        d, fz = d.flatten(1), fz.flatten(1)
+    if fz.dtype in _LOW_PRECISION:
+        norm = torch.linalg.vector_norm
+        den = norm(fz, dim=1, dtype=torch.float64).clamp_min(1e-30)
+        return norm(d, dim=1, dtype=torch.float64) / den
+    return scaled_rel_residual(d, fz)
+
+
+def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
+                     ) -> Callable[..., tuple[torch.Tensor, SolverStats]]:
+    """A solver that returns, for a solve that ends with unconverged samples, each sample's
+    best iterate: the iterations run again (deterministically, same operations) and each
+    sample's row is kept at the iteration of its smallest measured residual.  A converged solve
+    (the common case) pays nothing: its last iterate meets ``tol`` for every sample."""
+
+    @functools.wraps(fn)
+    def run(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, **options: Any
+            ) -> tuple[torch.Tensor, SolverStats]:
+        z, st = fn(f, z0, tol=tol, max_iter=max_iter, **options)
+        if _REPLAY.get() is not None or st.all_converged or st.residuals.shape[1] < 2:
+            return z, st
+        res = torch.nan_to_num(st.residuals, nan=math.inf)
+        best_k = res.argmin(dim=1)
+        last = res.shape[1] - 1
+        nonfinite = st.nonfinite if st.nonfinite is not None else torch.zeros_like(st.converged)
+        need = (best_k != last) & ~nonfinite & (
+            res.gather(1, best_k[:, None])[:, 0] < res[:, last])
+        if not bool(need.any()):
+            return z, st
+        rep = _Replay(torch.where(need, best_k, torch.full_like(best_k, -1)))
+        token = _REPLAY.set(rep)
+        try:
+            fn(f, z0, tol=tol, max_iter=rep.last + 1, **options)
+        finally:
+            _REPLAY.reset(token)
+        assert rep.z is not None and rep.fz is not None
+        rows = need.reshape((-1,) + (1,) * (z.ndim - 1))
+        zb = torch.where(rows, rep.z, z)
+        r = exact_rel_residual(rep.fz - rep.z, rep.fz).to(st.returned_residual.dtype
+                                                           if st.returned_residual is not None
+                                                           else st.residuals.dtype)
+        rr = torch.where(need, r, st.final_residual if st.returned_residual is None
+                         else st.returned_residual)
+        return zb, SolverStats(st.solver, st.residuals, None, (rr <= tol) & ~nonfinite, st.tol,
+                               st.nonfinite, rr)
+
+    return run
 
 
 def get_solver(name: str) -> Callable[..., tuple[torch.Tensor, SolverStats]]:

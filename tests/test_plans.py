@@ -130,7 +130,8 @@ def test_layers_without_a_plan_use_the_node_tree(name: str) -> None:
     mod = lowering.lower(UNPLANNED[name]()).torch_module(dtype=T64)
     x = _inputs(mod, 3, seed=1)
     tensors = [*x.values(), *mod.env().values()]
-    assert mod._plan(list(x), list(mod.env()), tensors, 3) is None
+    z0 = torch.zeros(3, mod.state_size, dtype=T64)
+    assert mod._plan(list(x), list(mod.env()), tensors, z0) is None
     out = mod(x)
     out = out if isinstance(out, torch.Tensor) else torch.cat([o.flatten(1) for o in out], 1)
     out.sum().backward()

@@ -44,7 +44,9 @@ class HardTanh(Activation):
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = min(max(t, lo), hi)``."""
-        return torch.clamp(nm.as_tensor(t), self.lo, self.hi)
+        # F.hardtanh, not torch.clamp: its autograd derivative is 0 at the kinks, as
+        # sigma_prime (clamp's is 1 there), so every path differentiates σ the same way
+        return torch.nn.functional.hardtanh(nm.as_tensor(t), self.lo, self.hi)
 
     def sigma_prime(self, t: TensorLike) -> torch.Tensor:
         """``σ'(t) = 1[lo < t < hi]`` (0 at the kinks)."""
