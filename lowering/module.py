@@ -15,6 +15,7 @@ the certificate has a norm condition) the certified norm never exceeds its bound
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -422,7 +423,9 @@ class EquilibriumModule(nn.Module):
         to be left out of the solve; None when every input is finite (one reduction each)."""
         bad_in = None
         for name, t in inputs.items():
-            if bool(torch.isfinite(t).all()):  # the common case: one reduction, no per-sample
+            # the common case, one reduction: a finite sum means finite entries (an inf or NaN
+            # makes the sum inf or NaN); only an overflowing sum needs the entrywise test
+            if math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all()):
                 continue
             bad = ~torch.isfinite(t).all(dim=1)
             if self.on_nonconvergence != "mask":
@@ -452,14 +455,15 @@ class EquilibriumModule(nn.Module):
         """``T`` planned for these inputs and weights (:mod:`lowering.plan`): state-free parts
         computed once, the transpose Jacobian as a closure.  With gradients needed (implicit
         backward) the plan is built with autograd from leaf copies of ``tensors``, so that the
-        backward differentiates it with respect to them.  None for layers without a plan
-        (several state blocks, or a node that has none)."""
+        backward differentiates it with respect to them (returned with the plan; ``[]`` when no
+        gradient is needed).  None for layers without a plan (several state blocks, or a node
+        that has none)."""
         if len(self.blocks) != 1 or not getattr(self, "_plannable", True):  # (older pickles)
             return None
         grad = (torch.is_grad_enabled() and self.backward == "implicit"
                 and any(t.requires_grad for t in tensors))
-        leaves = [t.detach().requires_grad_() if grad and t.requires_grad else t.detach()
-                  for t in tensors]
+        leaves = ([t.detach().requires_grad_() if t.requires_grad else t for t in tensors]
+                  if grad else tensors)
         n_in = len(keys_in)
         ctx = PlanContext(self.blocks[0].name, dict(zip(keys_in, leaves[:n_in])),
                           dict(zip(keys_env, leaves[n_in:])), z0.shape[0], z0)
@@ -468,7 +472,8 @@ class EquilibriumModule(nn.Module):
         if plan is None:
             self._plannable = False  # the node tree does not change: do not ask again
             return None
-        return Root(plan), leaves
+        # without gradients the plan holds the tensors themselves (no leaves for a backward)
+        return Root(plan), (leaves if grad else [])
 
     def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
                 z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None
@@ -487,7 +492,7 @@ class EquilibriumModule(nn.Module):
             self.last_backward_stats = st
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
-        if planned is not None and any(t.requires_grad for t in planned[1]):
+        if planned is not None and planned[1]:  # built with autograd from leaf copies
             problem.plan, problem.leaves = planned
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 

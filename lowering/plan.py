@@ -197,6 +197,8 @@ class Constant:
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         c = self.c
+        if not c.requires_grad:
+            return []
         return [(c, g if g.shape == c.shape else g.sum_to_size(c.shape))]
 
 
@@ -213,7 +215,7 @@ class Matrix:
         return z @ self.m, MatrixT(self.m.detach().T)
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
-        return [(self.m, z.T @ g)]  # ∂<g, zM>/∂M
+        return [(self.m, z.T @ g)] if self.m.requires_grad else []  # ∂<g, zM>/∂M
 
 
 class SelfAdjoint:

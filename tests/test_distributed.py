@@ -38,6 +38,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     loss.backward()
     if rank == 0:
         torch.save({k: p.grad.clone() for k, p in m.weights.items()}, out)
+    # both ranks leave together: a rank tearing gloo down while the other still writes its
+    # result aborted once ("terminate called without an active exception") under load
+    dist.barrier()
     dist.destroy_process_group()
 
 
