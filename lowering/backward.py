@@ -210,14 +210,21 @@ def _adjoint(fz: torch.Tensor, zz: torch.Tensor, v: torch.Tensor, problem: Fixed
 def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tensor,
                       needs: list[bool]) -> list[torch.Tensor | None]:
     """First-order implicit gradients from the forward's plan: ``Jᵀ`` at ``z*`` as a closure
-    (no autograd per adjoint iteration), then ``(∂T/∂θ)ᵀ g``: in closed form for the plan's
-    state-free tensors (``param_vjp``; autograd only from those to the weights and inputs they
-    were built from), or by one backward of ``T(z*)`` when some part has no closed form."""
+    (no autograd per adjoint iteration), then ``(∂T/∂θ)ᵀ g`` (:func:`param_grads`)."""
     plan, leaves = problem.plan, problem.leaves
     assert leaves is not None
+    _, jt = plan.linearize(z)  # a first-order backward runs with gradients off
+    g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
+    return param_grads(plan, z, g, leaves, needs)
+
+
+def param_grads(plan: Any, z: torch.Tensor, g: torch.Tensor, leaves: list[torch.Tensor],
+                needs: list[bool]) -> list[torch.Tensor | None]:
+    """``(∂T/∂θ)ᵀ g`` for each leaf the plan was built from (None where not needed or not
+    reached): in closed form for the plan's state-free tensors (``param_vjp``), autograd only
+    from those to the weights and inputs they were built from; one backward of ``T(z)`` when
+    some part of the plan has no closed form."""
     with torch.no_grad():
-        _, jt = plan.linearize(z)
-        g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
         pairs = plan.param_vjp(z, g)
     grads: list[torch.Tensor | None] = [None] * len(needs)
     if pairs is None:
@@ -237,7 +244,7 @@ def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tens
                 rest_t.append(t)
                 rest_c.append(ct)
     want = [i for i, n in enumerate(needs) if n]
-    if rest_t and want:
+    if rest_t and want and any(t.requires_grad for t in rest_t):
         # retain_graph: the plan's state-free parts (Ux + b, AᵀA) keep their graph for a
         # second backward through the same output (retain_graph=True upstream)
         more = torch.autograd.grad(rest_t, [leaves[i] for i in want], rest_c, allow_unused=True,

@@ -425,7 +425,7 @@ class EquilibriumModule(nn.Module):
         for name, t in inputs.items():
             # the common case, one reduction: a finite sum means finite entries (an inf or NaN
             # makes the sum inf or NaN); only an overflowing sum needs the entrywise test
-            if math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all()):
+            if math.isfinite(float(t.detach().sum())) or bool(torch.isfinite(t).all()):
                 continue
             bad = ~torch.isfinite(t).all(dim=1)
             if self.on_nonconvergence != "mask":

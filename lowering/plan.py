@@ -292,7 +292,10 @@ class Elementwise:
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         p, jt_in = self.inner.linearize(z)
         if self.df is not None:
-            with torch.no_grad():
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    d = self.df(p)
+            else:
                 d = self.df(p)
             out = self.f(p)
         else:
@@ -350,6 +353,9 @@ class Sum:
         return out
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+        if self._fast is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
+            m = self.parts[0][1] if isinstance(self.parts[0][1], Matrix) else self.parts[1][1]
+            return self._fast(z), MatrixT(m.m.detach().T)
         out, jts = None, []
         for c, p in self.parts:
             v, jt = p.linearize(z)

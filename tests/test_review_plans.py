@@ -22,6 +22,7 @@ import convex_eq as ce
 import lowering
 from convex_eq import L1, Input, Linear, Objective, Potential, Scalar, SqNorm, State, Weight
 from convex_eq.models import deep_opteq, opteq, spectral_weight
+from lowering.backward import param_grads
 from lowering import nodes
 from lowering import plan as pl
 from lowering.solvers import solve
@@ -110,8 +111,12 @@ def _plan_vs_tree(module: Any, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor
         ref = torch.autograd.grad(fz, [zz, *want], v, allow_unused=True)
         out, jt = root.linearize(z)
         mine = [t for t in leaves if t.requires_grad]
-        got = (torch.autograd.grad(out, mine, v, allow_unused=True) if out.requires_grad
+        got = (torch.autograd.grad(out, mine, v, allow_unused=True, retain_graph=True)
+               if out.requires_grad
                else [None] * len(mine))
+    # the backward's own route: closed-form cotangents of the plan's tensors (param_vjp),
+    # autograd only from those to the leaves
+    got_pv = param_grads(root, z, v, mine, [True] * len(mine))
     with torch.no_grad():
         value = root(z)
 
@@ -127,6 +132,7 @@ def _plan_vs_tree(module: Any, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor
            "JTv": rel(jtv, ref[0])}
     names = [k for k, t in zip(keys_in + keys_env, ls) if t.requires_grad]
     res.update({f"d/d{n}": rel(a, b) for n, a, b in zip(names, got, ref[1:])})
+    res.update({f"param_vjp d/d{n}": rel(a, b) for n, a, b in zip(names, got_pv, ref[1:])})
     return res
 
 
@@ -157,15 +163,24 @@ def _broken_constant_linearize(self: Any, z: torch.Tensor) -> Any:
     return self.c.detach(), None  # the injection's gradient (U, b, x) silently dropped
 
 
-@pytest.mark.parametrize("patch", [(nodes.Sigma, "plan", _broken_sigma_plan),
-                                   (pl.Constant, "linearize", _broken_constant_linearize)],
-                         ids=["sigma-prime-one", "constant-detached"])
-def test_equivalence_check_catches_a_broken_plan(patch: tuple, monkeypatch: Any) -> None:
-    """The check above can fail: σ' replaced by 1, or the injection's graph cut."""
+def _broken_constant_param_vjp(self: Any, z: torch.Tensor, g: torch.Tensor) -> Any:
+    return []  # the backward's route: the injection's gradient silently dropped
+
+
+@pytest.mark.parametrize("patch,case", [
+    ((nodes.Sigma, "plan", _broken_sigma_plan), "opteq-softplus"),
+    ((pl.Constant, "param_vjp", _broken_constant_param_vjp), "opteq-softplus"),
+    # the canonical pre-activation is one fused addmm (Sum's fast path, no Constant.linearize):
+    # the cut graph is seen where the constant is linearised on its own (an extra term)
+    ((pl.Constant, "linearize", _broken_constant_linearize), "antiderivative-extra")],
+    ids=["sigma-prime-one", "param-vjp-dropped", "constant-detached"])
+def test_equivalence_check_catches_a_broken_plan(patch: tuple, case: str,
+                                                 monkeypatch: Any) -> None:
+    """The check above can fail: σ' replaced by 1, or the injection's gradient cut."""
     cls, attr, fn = patch
     monkeypatch.setattr(cls, attr, fn)
     with pytest.raises(AssertionError):
-        _check("opteq-softplus", 0, 1.0)
+        _check(case, 0, 1.0)
 
 
 # ------------------------------------------------------------------ defects found in review
