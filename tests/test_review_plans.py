@@ -22,9 +22,9 @@ import convex_eq as ce
 import lowering
 from convex_eq import L1, Input, Linear, Objective, Potential, Scalar, SqNorm, State, Weight
 from convex_eq.models import deep_opteq, opteq, spectral_weight
-from lowering.backward import param_grads
 from lowering import nodes
 from lowering import plan as pl
+from lowering.backward import param_grads
 from lowering.solvers import solve
 
 F64 = torch.float64
