@@ -316,8 +316,10 @@ class GradSum(Node):
             trains = torch.is_grad_enabled() and any(
                 getattr(ctx.env.get(s.name) if ctx.env else None, "requires_grad", False)
                 for s in op.symbols())
-            if n <= min(m, GRAM_MAX) and n <= (GRAM_BATCH_TRAIN if trains else
-                                               GRAM_BATCH_PLAN) * ctx.batch:
+            # an application of AᵀA as a matrix (n² per sample) must cost less than Aᵀ(A·)
+            # (2·apply_cost: m·n each for a dense A, far less for a convolution)
+            if n <= min(m, GRAM_MAX) and n * n <= 2 * op.apply_cost and n <= (
+                    GRAM_BATCH_TRAIN if trains else GRAM_BATCH_PLAN) * ctx.batch:
                 like = ctx.like
                 if like is None:  # no state given: a weight's, else an input's dtype
                     syms = op.symbols()
@@ -341,7 +343,7 @@ class GradSum(Node):
             op, e = form
             n, m = op.in_size, op.out_size
             z = vals[self.block.name]
-            if n > min(m, GRAM_MAX) or n > GRAM_BATCH * z.shape[0]:
+            if n > min(m, GRAM_MAX) or n > GRAM_BATCH * z.shape[0] or n * n > 2 * op.apply_cost:
                 cache[key] = None
             else:
                 gram = op.gram(z, env)

@@ -475,10 +475,14 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
     dt, dev = z0.dtype, z0.device
     acc = accumulation_dtype(dt)
     restart = 2 * m if restart is None else int(restart)
-    X = torch.zeros(b, m, n, dtype=dt, device=dev)
-    Fh = torch.zeros(b, m, n, dtype=dt, device=dev)
-    G = torch.zeros(b, m, n, dtype=acc, device=dev)
+    # ring buffers: only the filled slots are ever read (no zero fill); X only for beta ≠ 1
+    X = torch.empty(b, m, n, dtype=dt, device=dev) if beta != 1.0 else None
+    Fh = torch.empty(b, m, n, dtype=dt, device=dev)
+    G = torch.empty(b, m, n, dtype=acc, device=dev)
     GG = torch.zeros(b, m, m, dtype=acc, device=dev)
+    #: mixing Σ α_i f_i as a batched matrix product for long states, as a broadcast sum for
+    #: short ones (measured: 21 vs 45 µs at B = 64, N = 480; 112 vs 27 µs at B = 256, N = 64)
+    mix_bmm = n >= 256
     eye = torch.eye(m, dtype=acc, device=dev)
     ones = torch.ones(b, m, 1, dtype=acc, device=dev)
     tiny = torch.finfo(acc).tiny ** 0.5
@@ -492,10 +496,14 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         if tr.record(x, fx, g):
             break
         # store (x, f(x), g) in the ring buffer and update one row/column of the Gram matrix
-        X[:, slot], Fh[:, slot] = x, fx
+        if X is not None:
+            X[:, slot] = x
+        Fh[:, slot] = fx
         G[:, slot] = g
         filled = min(filled + 1, m)
-        row = (G[:, :filled] @ G[:, slot, :, None])[..., 0]  # (b, filled)
+        # one new row of the Gram matrix: a broadcast product-sum (3.4× faster than a batched
+        # matrix–vector product at B = 64, N = 480 in float64)
+        row = (G[:, :filled] * G[:, slot, None, :]).sum(-1)  # (b, filled)
         GG[:, slot, :filled] = row
         GG[:, :filled, slot] = row
         worst = tr.top  # this run's progress (a continued solve may have a better past)
@@ -504,7 +512,9 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         else:
             stale += 1
         if stale >= restart and filled > 1:  # stalled: clear the history, take a plain step
-            X[:, 0], Fh[:, 0], G[:, 0] = x, fx, g
+            if X is not None:
+                X[:, 0] = x
+            Fh[:, 0], G[:, 0] = fx, g
             GG[:, 0, 0] = (g * g).sum(-1)
             filled, slot, stale = 1, 0, 0
             best_worst = worst
@@ -528,10 +538,11 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
             last = torch.zeros_like(alpha)
             last[:, (slot - 1) % m] = 1.0
             alpha = torch.where(ok[:, None], alpha, last)
-        a = alpha.to(dt)[:, None]
-        x_new = (a @ Fh[:, :filled])[:, 0]
-        if beta != 1.0:
-            x_new = beta * x_new + (1 - beta) * (a @ X[:, :filled])[:, 0]
+        a = alpha.to(dt)
+        x_new = ((a[:, None] @ Fh[:, :filled])[:, 0] if mix_bmm
+                 else (a[:, :, None] * Fh[:, :filled]).sum(1))
+        if X is not None:
+            x_new = beta * x_new + (1 - beta) * (a[:, None] @ X[:, :filled])[:, 0]
         x = x_new
     return tr.best, tr.stats()
 

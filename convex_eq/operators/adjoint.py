@@ -31,6 +31,11 @@ class Adjoint(LinOp):
         """``A w``."""
         return self.A.apply(self.check_input(w, adjoint=True), env)
 
+    @property
+    def apply_cost(self) -> int:
+        """That of ``A`` (the adjoint costs what the operator does)."""
+        return self.A.apply_cost
+
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``matrix(A)ᵀ``."""
         return np.ascontiguousarray(self.A.matrix(env).T)

@@ -80,6 +80,12 @@ class LinOp:
         """Weights/constants referenced by the operator (distinct, in order)."""
         return []
 
+    @property
+    def apply_cost(self) -> int:
+        """Multiply–adds of one application to one sample (a dense matrix's ``m·n`` by default;
+        structured operators say less), for cost decisions such as forming ``AᵀA``."""
+        return self.in_size * self.out_size
+
     def gram(self, like: torch.Tensor, env: Env | None = None) -> torch.Tensor:
         """``AᵀA`` as an ``(in_size, in_size)`` tensor of ``like``'s dtype and device (default:
         ``Aᵀ(A I)``, two applications to the identity; a matrix operator forms it directly)."""

@@ -30,6 +30,11 @@ class BlockDiag(LinOp):
         self.out_shape = tuple(getattr(op, "out_shape", (op.out_size,)) for op in self.ops)
         super().__init__("blkdiag(" + ", ".join(str(op) for op in self.ops) + ")", name)
 
+    @property
+    def apply_cost(self) -> int:
+        """The blocks' costs."""
+        return sum(op.apply_cost for op in self.ops)
+
     def apply(self, v: torch.Tensor, env: Env | None = None) -> torch.Tensor:
         """``(A_i v_i)_i`` concatenated."""
         parts = torch.split(self.check_input(v), self.in_sizes, dim=-1)

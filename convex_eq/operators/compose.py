@@ -39,6 +39,11 @@ class Compose(LinOp):
         """``Bᵀ(Aᵀ w)``."""
         return self.B.adjoint(self.A.adjoint(self.check_input(w, adjoint=True), env), env)
 
+    @property
+    def apply_cost(self) -> int:
+        """The two factors' costs."""
+        return self.A.apply_cost + self.B.apply_cost
+
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``matrix(A) @ matrix(B)``."""
         return self.A.matrix(env) @ self.B.matrix(env)

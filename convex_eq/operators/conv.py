@@ -72,6 +72,12 @@ class _ConvNd(LinOp):
         self.out_size = c_out * _prod(out_sp)
         super().__init__(f"conv({wname})", name)
 
+    @property
+    def apply_cost(self) -> int:
+        """``C_out · (C_in/groups) · Π kernel · Π output positions`` multiply–adds."""
+        c_out, c_in_g, *ks = self.weight.shape
+        return c_out * c_in_g * _prod(ks) * _prod(self.out_shape[1:])
+
     def apply(self, v: torch.Tensor, env: Env | None = None) -> torch.Tensor:
         """``convNd(v, K, stride, padding, groups)`` on ``v`` reshaped to ``(B, *in_shape)``."""
         v = self.check_input(v)
