@@ -110,12 +110,7 @@ class SumT(Transpose):
         self.parts = parts
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
-        acc = None
-        for c, jt in self.parts:
-            w = jt(v)
-            acc = add(acc, w if _is_one(c) else c * w)
-        assert acc is not None
-        return acc
+        return weighted_sum(self.parts, v)
 
 
 class Plan(Protocol):
@@ -161,6 +156,17 @@ def elementwise_derivative(fn: Callable[[torch.Tensor], torch.Tensor], p: torch.
         out = fn(pp)
         (d,) = torch.autograd.grad(out.sum(), pp)
     return out.detach(), d
+
+
+def weighted_sum(parts: list[tuple[Any, Callable[[torch.Tensor], torch.Tensor]]],
+                 v: torch.Tensor) -> torch.Tensor:
+    """``Σ_k c_k f_k(v)`` (a coefficient 1.0 costs no multiplication)."""
+    acc = None
+    for c, f in parts:
+        w = f(v)
+        acc = add(acc, w if _is_one(c) else c * w)
+    assert acc is not None
+    return acc
 
 
 def add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
@@ -345,12 +351,7 @@ class Sum:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         if self._fast is not None:
             return self._fast(z)
-        out = None
-        for c, p in self.parts:
-            v = p(z)
-            out = add(out, v if _is_one(c) else c * v)
-        assert out is not None
-        return out
+        return weighted_sum(self.parts, z)
 
     def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
         if self._fast is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
