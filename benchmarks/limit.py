@@ -127,4 +127,35 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
                 f"(auto/anderson/plain), hand {t['hand-anderson'] * 1e3:.2f} / "
                 f"{t['hand-plain'] * 1e3:.2f} ms; ratio {row['ratio_default']:.2f}× (default "
                 f"auto), {row['ratio_best']:.2f}× (best solver)")
-    return {"rows": rows, "tol": TOL, "max_iter": MAX_ITER, "norm": NORM, "reps": reps}
+    return {"rows": rows, "tol": TOL, "max_iter": MAX_ITER, "norm": NORM, "reps": reps,
+            "compile": _compiled(cfg, log, qa, ca)}
+
+
+def _compiled(cfg: Config, log: Callable[[str], None], qa: Any, ca: Any) -> dict[str, Any]:
+    """``torch.compile(module)`` against the eager module, fwd+bwd at m = 256, B = 256 (the
+    first compiled call's time is the compile time; then interleaved repetitions)."""
+    import time
+
+    import lowering
+
+    m, b = (64, 8) if cfg.quick else (256, 256)
+    w64 = qp_weight(m, norm=NORM, seed=cfg.seed)
+    eager = lowering.lower(qp_objective(w64)).torch_module(
+        weight_control=None, tol=TOL, max_iter=MAX_ITER, backward_tol=TOL,
+        backward_max_iter=MAX_ITER, dtype=torch.float32).requires_grad_(False)
+    compiled = torch.compile(eager)
+    q = torch.as_tensor(qa[:b], dtype=torch.float32)
+    c = torch.as_tensor(ca[:b], dtype=torch.float32)
+    methods = {"eager": fwd_bwd(eager, q, c), "compiled": fwd_bwd(compiled, q, c)}
+    methods["eager"]()
+    t0 = time.perf_counter()
+    methods["compiled"]()
+    compile_s = time.perf_counter() - t0
+    reps = 2 if cfg.quick else 21
+    times = interleave(methods, dict.fromkeys(methods, reps))
+    t = {k: median(v) for k, v in times.items()}
+    ratio = t["compiled"] / t["eager"]
+    log(f"  compile m={m} B={b}: eager {t['eager'] * 1e3:.2f} ms, compiled "
+        f"{t['compiled'] * 1e3:.2f} ms (compiled/eager {ratio:.3f}), first call {compile_s:.1f} s")
+    return {"m": m, "batch": b, "times_s": t, "compiled_over_eager": ratio,
+            "first_call_s": compile_s}

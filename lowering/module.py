@@ -340,6 +340,8 @@ class EquilibriumModule(nn.Module):
 
     def _shape_out(self, z: torch.Tensor) -> Any:
         blocks = self.derived.output_blocks
+        if len(blocks) == 1 and blocks[0].shape == (z.shape[1],):  # one flat block: z itself
+            return z
         parts, o = {}, 0
         for b in blocks:
             parts[b.name] = z[:, o:o + b.size]
@@ -348,6 +350,7 @@ class EquilibriumModule(nn.Module):
         return shaped[0] if len(shaped) == 1 else tuple(shaped)
 
     # ------------------------------------------------------------------ forward
+    @compile_disabled
     def forward(self, x: Any = None, z0: torch.Tensor | None = None,
                 return_stats: bool = False) -> Any:
         """``z*(x)``: the equilibrium of ``T(·, x)`` (shaped like the state block, or a tuple of
