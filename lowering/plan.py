@@ -330,7 +330,7 @@ def _affine_matrix_fast(parts: list[Any]) -> Callable[[torch.Tensor], torch.Tens
     if len(parts) != 2:
         return None
     (ca, a), (cb, b) = parts
-    if not (ca == 1.0 and cb == 1.0):
+    if not (_is_one(ca) and _is_one(cb)):  # numbers only: a trained scalar must stay in T
         return None
     if isinstance(a, Matrix) and isinstance(b, Constant):
         a, b = b, a

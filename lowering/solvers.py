@@ -178,6 +178,9 @@ class _Replay:
     def __init__(self, at: torch.Tensor):
         self.at = at  # (B,) iteration index per sample (-1: keep the first run's last iterate)
         self.last = int(at.max())
+        #: taken by the first Tracker of the replayed solve; solves nested in its ``f`` run as
+        #: they did the first time (isolated from this replay)
+        self.claimed = False
         self.z: torch.Tensor | None = None
         self.fz: torch.Tensor | None = None
 
@@ -212,7 +215,12 @@ class Tracker:
         self.best = z0.detach().clone()  # never the caller's tensor (a warm start's z0)
         self._z0 = z0
         #: set while run_solver replays an unconverged solve to collect per-sample best iterates
-        self._replay = _REPLAY.get()
+        rep = _REPLAY.get()
+        if rep is not None and not rep.claimed:
+            rep.claimed = True
+        else:
+            rep = None
+        self._replay = rep
         self._done = False  # the last record was confirmed: every sample meets tol
         self.best_fz: torch.Tensor | None = None  # f(best); replaced, never written into
         #: residual dtype: the state's (float32 for float16/bfloat16)
@@ -290,12 +298,11 @@ class Tracker:
         self.best, self.best_fz, self.best_res, self.top, self.worst = z, fz, r, top, top
         self._confirmed = None
         self._done = False
+        done = top <= self.tol and self._confirm()
         replay = self._replay
-        if replay is not None:
-            return replay.capture(len(self.hist) - 1, z, fz)
-        if top > self.tol:
-            return False
-        return self._confirm()
+        if replay is not None:  # the same evolution as the first run; stop once all is kept
+            return replay.capture(len(self.hist) - 1, z, fz) or done
+        return done
 
     def _scaled(self, d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
         return scaled_rel_residual(d, fz)[:, None].to(self._rdt)
@@ -391,8 +398,17 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
     @functools.wraps(fn)
     def run(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, **options: Any
             ) -> tuple[torch.Tensor, SolverStats]:
+        active = _REPLAY.get()
+        if active is not None and not active.claimed:  # the solve being replayed: as it was
+            return fn(f, z0, tol=tol, max_iter=max_iter, **options)
+        if active is not None:  # a solve inside a replayed f: run it as the first time
+            token = _REPLAY.set(None)
+            try:
+                return run(f, z0, tol, max_iter, **options)
+            finally:
+                _REPLAY.reset(token)
         z, st = fn(f, z0, tol=tol, max_iter=max_iter, **options)
-        if _REPLAY.get() is not None or st.all_converged or st.residuals.shape[1] < 2:
+        if st.all_converged or st.residuals.shape[1] < 2:
             return z, st
         res = torch.nan_to_num(st.residuals, nan=math.inf)
         best_k = res.argmin(dim=1)
@@ -404,8 +420,8 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
             return z, st
         rep = _Replay(torch.where(need, best_k, torch.full_like(best_k, -1)))
         token = _REPLAY.set(rep)
-        try:
-            fn(f, z0, tol=tol, max_iter=rep.last + 1, **options)
+        try:  # the same max_iter: a solver may decide by the iterations left (auto)
+            fn(f, z0, tol=tol, max_iter=max_iter, **options)
         finally:
             _REPLAY.reset(token)
         assert rep.z is not None and rep.fz is not None
