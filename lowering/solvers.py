@@ -589,25 +589,25 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
     if z0.shape[-1] >= AUTO_ANDERSON_STATE:
         return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
     tr = Tracker("plain", z0, tol)
-    tops: list[float] = []
+    check, then = 0, math.nan  # the residual is compared every AUTO_WINDOW iterations
     z = z0
     for k in range(max_iter):
         fz = f(z)
         if tr.record(z, fz):
             break
-        tops.append(tr.top)
-        if k % AUTO_WINDOW == 0 and k and _plain_too_slow(tops, tol, max_iter - k - 1):
-            tr.name = "plain→anderson"
-            return _anderson(f, fz, tr, max_iter - k - 1, m, beta, lam, restart)
+        if k == check:
+            if k and _plain_too_slow(tr.top, then, tol, max_iter - k - 1):
+                tr.name = "plain→anderson"
+                return _anderson(f, fz, tr, max_iter - k - 1, m, beta, lam, restart)
+            check, then = k + AUTO_WINDOW, tr.top
         z = fz
     return tr.best, tr.stats()
 
 
-def _plain_too_slow(tops: list[float], tol: float, left: int) -> bool:
-    """True when the rate of the worst residual over the last ``AUTO_WINDOW`` iterations
-    predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further iterations to ``tol``
-    (a rate ≥ 1, or a non-finite residual, predicts infinitely many)."""
-    now, then = tops[-1], tops[-1 - AUTO_WINDOW]
+def _plain_too_slow(now: float, then: float, tol: float, left: int) -> bool:
+    """True when the worst residual's rate from ``then`` to ``now`` (``AUTO_WINDOW``
+    iterations apart) predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further
+    iterations to ``tol`` (a rate ≥ 1 predicts infinitely many)."""
     if not (math.isfinite(now) and math.isfinite(then)) or now <= 0:
         return False  # non-finite samples are handled by the tracker; 0 is done
     if now >= then:
