@@ -212,7 +212,7 @@ class Tracker:
 
     def __init__(self, name: str, z0: torch.Tensor, tol: float):
         self.name, self.tol = name, tol
-        self.best = z0.detach().clone()  # never the caller's tensor (a warm start's z0)
+        self._best = z0  # read through `best` (a copy while it is still z0)
         self._z0 = z0
         #: set while run_solver replays an unconverged solve to collect per-sample best iterates
         rep = _REPLAY.get()
@@ -240,11 +240,24 @@ class Tracker:
         return len(self.hist)
 
     @property
+    def best(self) -> torch.Tensor:
+        """The returned iterate: the latest recorded one (never the caller's tensor: a warm
+        start's ``z0`` is copied when it is what is returned)."""
+        b, z0 = self._best, self._z0
+        if b is z0 or (b.data_ptr() == z0.data_ptr() and b.numel() and b.shape == z0.shape):
+            self._best = b.detach().clone()
+        return self._best
+
+    @best.setter
+    def best(self, z: torch.Tensor) -> None:
+        self._best = z
+
+    @property
     def best_res(self) -> torch.Tensor:
         """``(B, 1)`` residual of the returned iterate per sample (inf before any record)."""
         if self._best_res is None:
-            self._best_res = torch.full((self.best.shape[0], 1), float("inf"), dtype=self._rdt,
-                                        device=self.best.device)
+            self._best_res = torch.full((self._best.shape[0], 1), float("inf"),
+                                        dtype=self._rdt, device=self._best.device)
         return self._best_res
 
     @best_res.setter
@@ -255,8 +268,8 @@ class Tracker:
     def nonfinite(self) -> torch.Tensor:
         """``(B, 1)`` bool: samples whose iterates became NaN/Inf."""
         if self._nonfinite is None:
-            self._nonfinite = torch.zeros(self.best.shape[0], 1, dtype=torch.bool,
-                                          device=self.best.device)
+            self._nonfinite = torch.zeros(self._best.shape[0], 1, dtype=torch.bool,
+                                          device=self._best.device)
         return self._nonfinite
 
     @nonfinite.setter
@@ -291,8 +304,6 @@ class Tracker:
             r = r.masked_fill(self.nonfinite, float("inf"))
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
-        if z is self._z0:  # never hand back the caller's tensor (a warm start's z0)
-            z = z.clone()
         # the latest iterate, by reference (the solvers never write into an iterate); a solve
         # that ends unconverged gets each sample's best iterate by a replay (run_solver)
         self.best, self.best_fz, self.best_res, self.top, self.worst = z, fz, r, top, top
@@ -315,7 +326,7 @@ class Tracker:
         if self._confirmed is None:
             if self.best_fz is None:  # nothing recorded by record(): the plain residuals
                 return self.best_res
-            fz, d = self.best_fz, self.best_fz - self.best
+            fz, d = self.best_fz, self.best_fz - self._best
             if fz.dtype in _LOW_PRECISION and not self._any_nonfinite:
                 dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
                 norm = torch.linalg.vector_norm
@@ -347,10 +358,10 @@ class Tracker:
     def stats(self) -> SolverStats:
         """Per-sample :class:`SolverStats` of the iterates recorded so far (the returned
         iterates' residuals measured exactly; iteration counts computed on access)."""
-        b = self.best.shape[0]
+        b = self._best.shape[0]
         best_res = self._returned_residual()[:, 0]
         res = (torch.cat(self.hist, dim=1) if self.hist
-               else torch.zeros(b, 0, dtype=self._rdt, device=self.best.device))
+               else torch.zeros(b, 0, dtype=self._rdt, device=self._best.device))
         done = best_res <= self.tol
         if not self._any_nonfinite:
             return SolverStats(self.name, res, None, done, self.tol, None, best_res,
@@ -425,13 +436,15 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
         finally:
             _REPLAY.reset(token)
         assert rep.z is not None and rep.fz is not None
+        last_r = (st.final_residual if st.returned_residual is None else st.returned_residual)
+        r = exact_rel_residual(rep.fz - rep.z, rep.fz).to(last_r.dtype)
+        # keep the replayed row only where it is really better than the last iterate (a replay
+        # that did not repeat the first run — a stateful f, a nondeterministic kernel — cannot
+        # make a returned point worse)
+        need = need & (r < last_r)
         rows = need.reshape((-1,) + (1,) * (z.ndim - 1))
         zb = torch.where(rows, rep.z, z)
-        r = exact_rel_residual(rep.fz - rep.z, rep.fz).to(st.returned_residual.dtype
-                                                           if st.returned_residual is not None
-                                                           else st.residuals.dtype)
-        rr = torch.where(need, r, st.final_residual if st.returned_residual is None
-                         else st.returned_residual)
+        rr = torch.where(need, r, last_r)
         return zb, SolverStats(st.solver, st.residuals, None, (rr <= tol) & ~nonfinite, st.tol,
                                st.nonfinite, rr)
 

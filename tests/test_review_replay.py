@@ -110,3 +110,26 @@ def test_fast_affine_sum_keeps_a_trained_coefficient_equal_to_one() -> None:
     (gc,) = param_grads(root, z, v, [c], [True])
     assert gc is not None, "the coefficient's gradient was dropped"
     torch.testing.assert_close(gc, (v * (z @ m)).sum(), rtol=1e-10, atol=0)
+
+
+def test_an_equilibrium_layer_inside_a_replayed_solve_still_converges() -> None:
+    """The same defect through the product: an outer ``lowering.solve`` whose map calls an
+    emitted layer (a certified contraction, 0.81, that reaches 1e-10 well within its 300
+    iterations).  The outer solve ends unconverged (sample 1 has no fixed point) and is
+    replayed; during the replay the layer's own solves are stopped after ``rep.last + 1``
+    iterations, and the layer raises ``ConvergenceError: ... did not reach 1e-10 in 55
+    iterations`` (in warn/mask mode it would hand inaccurate equilibria to the outer solve)."""
+    import lowering
+    from convex_eq.models import opteq
+
+    layer = lowering.lower(opteq(n=6, m=6, d=6, activation="tanh")).torch_module(
+        dtype=F64, tol=1e-10, max_iter=300)
+    x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(0))
+    drifting = (torch.arange(2) == 1)[:, None]
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        return torch.where(drifting, z + 0.01 * (1 + z ** 2), layer(0.3 * z) + x)
+
+    with torch.no_grad():
+        _, st = solve(f, torch.zeros(2, 6, dtype=F64), solver="plain", tol=1e-8, max_iter=60)
+    assert bool(st.converged[0]) and not bool(st.converged[1])
