@@ -91,7 +91,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
 
     grid_m = (64, 256) if cfg.quick else GRID_M
     grid_b = (1, 32) if cfg.quick else GRID_B
-    reps = 2 if cfg.quick else 21
+    reps = 2 if cfg.quick else 41
     dtype = torch.float32
     rows: list[dict[str, Any]] = []
     qa, ca = qp_inputs(max(grid_b), seed=cfg.seed)
@@ -151,7 +151,7 @@ def _compiled(cfg: Config, log: Callable[[str], None], qa: Any, ca: Any) -> dict
     t0 = time.perf_counter()
     methods["compiled"]()
     compile_s = time.perf_counter() - t0
-    reps = 2 if cfg.quick else 21
+    reps = 2 if cfg.quick else 41
     times = interleave(methods, dict.fromkeys(methods, reps))
     t = {k: median(v) for k, v in times.items()}
     ratio = t["compiled"] / t["eager"]
