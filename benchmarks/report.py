@@ -11,6 +11,8 @@ TARGETS = {
     "anderson_iters": 12,  # to 1e-6 at ||W||₂ = 0.9
     "vs_torchdeq": 5.0,
     "grad_err": 1e-5,
+    "train_drift": 1.3,  # training: module step time, last window / first window
+    "train_vs_torchdeq": 2.0,  # training: module steps/s / torchdeq steps/s
 }
 
 
@@ -83,7 +85,28 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     ge = max((r["module"]["grad_err"] for r in qp), default=None)
     out.append({"target": "gradient relative error ≤ 1e-5 (module, worst sample of all case-1 "
                 "rows)", "measured": _e(ge), "met": None if ge is None else ge <= 1e-5})
+    out += _train_targets(res.get("train"))
     return out
+
+
+def _train_targets(tr: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The two training targets (not measured: ``met`` None)."""
+    w = tr["window"] if tr else 50
+    mo = tr["methods"]["module"] if tr else None
+    drift = mo["last_over_first"] if mo else None
+    spd = tr.get("speedup_steps_per_s") if tr else None
+    return [
+        {"target": f"demo conv OptEq training: module step time, median of the last {w} steps "
+         f"≤ {TARGETS['train_drift']:g}× that of the first {w}",
+         "measured": "—" if mo is None else
+         f"{_x(drift)} ({_ms(mo['last_s'])} / {_ms(mo['first_s'])} ms)",
+         "met": None if drift is None else drift <= TARGETS["train_drift"]},
+        {"target": f"demo conv OptEq training: module ≥ {TARGETS['train_vs_torchdeq']:g}× the "
+         "steps/s of torchdeq on the same layer (same tolerances and caps)",
+         "measured": _x(spd) if tr is None or tr.get("have_torchdeq") else
+         "— (torchdeq not installed)",
+         "met": None if spd is None else spd >= TARGETS["train_vs_torchdeq"]},
+    ]
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -97,7 +120,9 @@ def markdown(res: dict[str, Any]) -> str:
              f"{info.get('omp_wait_policy') or 'unset'}) · cvxpy {info['versions']['cvxpy']} · "
              f"cvxpylayers {info['versions']['cvxpylayers']} · torchdeq "
              f"{info['versions']['torchdeq']} · load {info.get('loadavg_start')} → "
-             f"{info.get('loadavg_end')} · total {res.get('elapsed_s', 0):.0f} s", ""]
+             f"{info.get('loadavg_end')} · device {info.get('device', 'cpu')}"
+             f"{' (' + info['gpu'] + ')' if info.get('gpu') else ''} · total "
+             f"{res.get('elapsed_s', 0):.0f} s", ""]
     cal = info.get("calibration", {})
     if cal:
         parts += ["Calibration (32×64 · 64×128 matmul, median): " + ", ".join(
@@ -129,7 +154,9 @@ def markdown(res: dict[str, Any]) -> str:
         parts += _cost(res["cost"])
     if "memory" in res:
         parts += _memory(res["memory"])
-    for k in ("qp", "limit", "solvers", "cost", "memory"):
+    if "train" in res:
+        parts += _train(res["train"])
+    for k in ("qp", "limit", "solvers", "cost", "memory", "train"):
         if f"{k}_error" in res:
             parts += [f"**{k} failed:** `{res[k + '_error']}`", ""]
     return "\n".join(parts) + "\n"
@@ -274,3 +301,48 @@ def _memory(mem: dict[str, Any]) -> list[str]:
             "residual of the returned z.", "",
             _table(["backward", "graph (MiB)", "peak (MiB)", "residual", "z err", "grad err",
                     "fwd+bwd (ms)"], rows), ""]
+
+
+def _train(tr: dict[str, Any]) -> list[str]:
+    w = tr["window"]
+    rows = []
+    for name, m in tr["methods"].items():
+        it = {side: f"{m[f'{side}_iters_first']:.1f} / {m[f'{side}_iters_last']:.1f}"
+              if f"{side}_iters_first" in m else "—" for side in ("fwd", "bwd")}
+        rows.append([name, _ms(m["first_s"]), _ms(m["last_s"]), _x(m["last_over_first"]),
+                     f"{m['steps_per_s']:.3g}", it["fwd"], it["bwd"],
+                     f"{m.get('fwd_capped_steps', 0)} / {m.get('bwd_capped_steps', 0)}",
+                     f"{m['loss_last']:.3f}"])
+    out = [f"## 6. Training the demo's conv OptEq ({tr['steps']} Adam steps, batch "
+           f"{tr['batch']})", "",
+           f"The demo's `classifier(\"OptEq\")` ({tr['channels']} channels, kernel "
+           f"{tr['kernel']}, state size {tr['state_size']}) on MNIST-1D generated locally, Adam "
+           f"at lr {tr['lr']:g}, the same batches for both, steps interleaved, on "
+           f"{tr['device']} with {tr['threads']} torch thread(s). Module (the demo's training "
+           f"settings): solver {tr['module_solvers'][0]!r} forward, implicit backward "
+           f"(adjoint solver {tr['module_solvers'][1]!r}; used: "
+           f"{', '.join(tr['methods']['module'].get('bwd_solvers_used', []))}), relative tol "
+           f"{tr['tol']:g} / {tr['backward_tol']:g}, caps {tr['max_iter']} / "
+           f"{tr['backward_max_iter']} (forward / adjoint), weight control "
+           f"{tr['weight_control']!r}. "
+           "torchdeq: a copy of the same classifier (same initial weights), its layer map ("
+           f"`{tr['torchdeq_map']}`: " + ("the lowered plan, state-free parts such as the "
+           "injection computed once per step" if tr["torchdeq_map"] == "plan" else
+           "the node tree's T") + ") and weights after weight control, solved by `get_deq` "
+           "with its Anderson forward and IFT backward (Anderson; its defaults m = 6, "
+           "lam = 1e-4) at the same tolerances and caps, stop mode 'rel'. A step = forward + "
+           "backward + Adam step; "
+           f"times are medians of the first and last {w} steps (ms). Iterations: mean over "
+           "the window of the batch's largest count (first / last window); capped: steps with "
+           "a sample stopped at the cap.", "",
+           _table(["method", f"first {w}", f"last {w}", "last / first", "steps/s",
+                   "fwd iters", "adjoint iters", "capped fwd / adjoint", "loss (last window)"],
+                  rows), ""]
+    if tr.get("have_torchdeq"):
+        out += [f"Module / torchdeq steps/s: {_x(tr['speedup_steps_per_s'])} over the run "
+                f"({_x(tr['speedup_first'])} in the first window, {_x(tr['speedup_last'])} in "
+                f"the last). Loss of the first step, module vs torchdeq: |Δ| = "
+                f"{_e(tr['first_loss_diff'])} (same weights, same batch).", ""]
+    else:
+        out += [f"torchdeq is not installed: {tr.get('torchdeq_note', '')}.", ""]
+    return out
