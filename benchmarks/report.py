@@ -141,6 +141,13 @@ def markdown(res: dict[str, Any]) -> str:
                       ""]
     parts += ["Times are medians over interleaved repetitions in one process on the same "
               "instances; ratios are only meaningful within this run.", ""]
+    dev = info.get("device", "cpu")
+    if dev != "cpu":
+        off = [k for k in ("qp", "limit", "solvers", "cost", "memory", "train")
+               if k in res and res[k].get("device", "cpu") != dev]
+        parts += [f"Device {dev}: every clock read follows a device synchronisation. "
+                  "cvxpylayers (diffcp/SCS), lowering and verify run on the CPU"
+                  + (f"; cases that ran on the CPU: {', '.join(off)}" if off else "") + ".", ""]
     parts += ["## Targets", "", _table(["target", "measured", "met"], [
         [t["target"], t["measured"], "—" if t["met"] is None else ("yes" if t["met"] else "**no**")]
         for t in targets(res)]), ""]
@@ -201,8 +208,11 @@ def _qp(qp: dict[str, Any]) -> list[str]:
             "are the worst per-sample relative errors vs the exact active-set solve (z) and "
             "∂ℓ/∂q for ℓ = Σ c⊙z: with A = {i : z*_i > 0} and M = WᵀW, z*_A = (I − M_AA)⁻¹q_A, "
             "so ∂ℓ/∂q_A = (I − M_AA)⁻¹c_A and ∂ℓ/∂q_i = 0 off A (valid under strict "
-            "complementarity, margin below). cvxpylayers always solves in float64 (diffcp/SCS); "
-            "its rows are the same instances cast.", "",
+            "complementarity, margin below). cvxpylayers always solves in float64 (diffcp/SCS) "
+            "on the CPU; its rows are the same instances cast"
+            + ("" if qp.get("device", "cpu") == "cpu" else
+               f" and copied from and back to {qp['device']} (the copies are in its times)")
+            + ".", "",
             _table(["m", "dtype", "B", "module fwd", "module fwd+bwd", "iters mean/max",
                     "cvxpylayers fwd", "cvxpylayers fwd+bwd", "speedup fwd",
                     "speedup fwd+bwd", "z err module / cvx", "grad err module / cvx",
@@ -296,9 +306,12 @@ def _memory(mem: dict[str, Any]) -> list[str]:
     return [f"## 5. Memory: implicit vs unrolled backward (m = {r0['m']}, B = {r0['batch']}, "
             "float32, ||W||₂ = 0.9)", "",
             "graph = bytes autograd saves for backward (saved_tensors_hooks, distinct "
-            "storages); peak = peak of torch's CPU allocator over fwd+bwd (torch.profiler "
-            "profile_memory, running sum of alloc/free events). Residual = worst relative "
-            "residual of the returned z.", "",
+            "storages); peak = " + (
+                "peak of torch's CPU allocator over fwd+bwd (torch.profiler profile_memory, "
+                "running sum of alloc/free events)" if mem.get("device", "cpu") == "cpu" else
+                f"peak of the CUDA caching allocator on {mem['device']} over fwd+bwd above what "
+                "was allocated before (torch.cuda.max_memory_allocated)")
+            + ". Residual = worst relative residual of the returned z.", "",
             _table(["backward", "graph (MiB)", "peak (MiB)", "residual", "z err", "grad err",
                     "fwd+bwd (ms)"], rows), ""]
 
