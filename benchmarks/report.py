@@ -330,7 +330,7 @@ def _train(tr: dict[str, Any]) -> list[str]:
            f"{tr['batch']})", "",
            f"The demo's `classifier(\"OptEq\")` ({tr['channels']} channels, kernel "
            f"{tr['kernel']}, state size {tr['state_size']}) on MNIST-1D generated locally, Adam "
-           f"at lr {tr['lr']:g}, the same batches for both, steps interleaved, on "
+           f"at a constant lr {tr['lr']:g}, the same batches for both, steps interleaved, on "
            f"{tr['device']} with {tr['threads']} torch thread(s). Module (the demo's training "
            f"settings): solver {tr['module_solvers'][0]!r} forward, implicit backward "
            f"(adjoint solver {tr['module_solvers'][1]!r}; used: "

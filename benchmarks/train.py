@@ -95,6 +95,10 @@ class TorchDEQClassifier(nn.Module):
     def _backward_writer(self, info: dict[str, torch.Tensor]) -> None:
         self.backward_info = info
 
+    def reset_stats(self) -> None:
+        """Forget the solver statistics of the last step."""
+        self.info, self.backward_info = {}, {}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m, eq = self.model, self.model.eq
         xin = m.prepare(x)
@@ -193,6 +197,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             for name in order:
                 out: list[torch.Tensor] = []
                 fn = step(name, xb, yb)
+                models[name].reset_stats()  # no statistics left over from an earlier step
                 times[name].append(timed(lambda fn=fn, out=out: out.append(fn())))
                 losses[name].append(float(out[0]))  # after the clock: this reads the device
                 if name == "module":

@@ -190,3 +190,46 @@ def test_train_without_torchdeq(monkeypatch: pytest.MonkeyPatch) -> None:
     vs = [t for t in targets(full) if "steps/s of torchdeq" in t["target"]]
     assert vs and vs[0]["met"] is None and "not installed" in vs[0]["measured"]
     assert "torchdeq is not installed" in markdown(full)
+
+
+@pytest.mark.parametrize("use_plan", [True, False])
+def test_torchdeq_side_is_the_same_layer(use_plan: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training case's torchdeq classifier computes the module's logits and weight
+    gradients (float64, both solved far below the compared tolerance), with the layer's plan and
+    with the node tree's T."""
+    import copy
+
+    import torch
+
+    import lowering
+    from benchmarks.train import TorchDEQClassifier
+    from convex_eq_app.demo import DemoConfig, objectives
+    from lowering.classifier import EquilibriumClassifier, TrainingSettings
+
+    demo = DemoConfig.quick_config()
+    derived = lowering.lower(objectives(demo)["OptEq"])
+    settings = TrainingSettings(tol=1e-10, max_iter=400, dtype=torch.float64)
+    torch.manual_seed(0)
+    model = EquilibriumClassifier(derived, settings, pool=demo.pool, pooled=demo.pooled)
+    deq = TorchDEQClassifier(copy.deepcopy(model), 1e-10, 400, 1e-10, 800)
+    if not use_plan:
+        monkeypatch.setattr(type(derived.nodes["z"]), "plan", lambda self, ctx: None)
+    x = torch.randn(8, 1, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(8) % 10
+    grads = []
+    for m in (model, deq):
+        m.train()
+        m.zero_grad()
+        logits = m(x)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        grads.append((logits.detach(), {n.removeprefix("model."): p.grad.clone()
+                                        for n, p in m.named_parameters()}))
+    assert deq.used == ("plan" if use_plan else "T")
+    (lm, gm), (ld, gd) = grads
+    assert set(gm) == set(gd)
+    # both solve the same contraction (‖W‖₂ ≤ 0.98 under weight control) to relative residual
+    # 1e-10 in float64, forward and adjoint: states agree to ~1e-8 relative, far inside 1e-6 on
+    # any CPU/BLAS; a torchdeq side on another map or other weights would differ at O(1)
+    assert torch.allclose(lm, ld, rtol=1e-6, atol=1e-9)
+    for n in gm:
+        assert torch.allclose(gm[n], gd[n], rtol=1e-6, atol=1e-9), n
