@@ -323,14 +323,17 @@ def _train(tr: dict[str, Any]) -> list[str]:
         it = {side: f"{m[f'{side}_iters_first']:.1f} / {m[f'{side}_iters_last']:.1f}"
               if f"{side}_iters_first" in m else "—" for side in ("fwd", "bwd")}
         rows.append([name, _ms(m["first_s"]), _ms(m["last_s"]), _x(m["last_over_first"]),
-                     f"{m['steps_per_s']:.3g}", it["fwd"], it["bwd"],
+                     f"{m['steps_per_s']:.3g}",
+                     "—" if name == "module" else _x(m.get("module_speedup")), it["fwd"],
+                     it["bwd"],
                      f"{m.get('fwd_capped_steps', 0)} / {m.get('bwd_capped_steps', 0)}",
                      f"{m['loss_last']:.3f}"])
     out = [f"## 6. Training the demo's conv OptEq ({tr['steps']} Adam steps, batch "
            f"{tr['batch']})", "",
            f"The demo's `classifier(\"OptEq\")` ({tr['channels']} channels, kernel "
            f"{tr['kernel']}, state size {tr['state_size']}) on MNIST-1D generated locally, Adam "
-           f"at a constant lr {tr['lr']:g}, the same batches for both, steps interleaved, on "
+           f"at a constant lr {tr['lr']:g}, the same batches for every method, steps "
+           f"interleaved (the order rotating per step), on "
            f"{tr['device']} with {tr['threads']} torch thread(s). Module (the demo's training "
            f"settings): solver {tr['module_solvers'][0]!r} forward, implicit backward "
            f"(adjoint solver {tr['module_solvers'][1]!r}; used: "
@@ -342,20 +345,23 @@ def _train(tr: dict[str, Any]) -> list[str]:
            f"`{tr['torchdeq_map']}`: " + ("the lowered plan, state-free parts such as the "
            "injection computed once per step" if tr["torchdeq_map"] == "plan" else
            "the node tree's T") + ") and weights after weight control, solved by `get_deq` "
-           "with its Anderson forward and IFT backward (Anderson; its defaults m = 6, "
-           "lam = 1e-4) at the same tolerances and caps, stop mode 'rel'. A step = forward + "
+           "with its Anderson forward and IFT backward (Anderson with its defaults m = 6, "
+           "lam = 1e-4: the target's baseline; and with the module's history and nominal "
+           "ridge, m = 5, lam = 1e-8, for information) at the same tolerances and caps, stop "
+           "mode 'rel'. A step = forward + "
            "backward + Adam step; "
            f"times are medians of the first and last {w} steps (ms). Iterations: mean over "
            "the window of the batch's largest count (first / last window); capped: steps with "
            "a sample stopped at the cap.", "",
            _table(["method", f"first {w}", f"last {w}", "last / first", "steps/s",
-                   "fwd iters", "adjoint iters", "capped fwd / adjoint", "loss (last window)"],
-                  rows), ""]
+                   "module steps/s over it", "fwd iters", "adjoint iters",
+                   "capped fwd / adjoint", "loss (last window)"], rows), ""]
     if tr.get("have_torchdeq"):
-        out += [f"Module / torchdeq steps/s: {_x(tr['speedup_steps_per_s'])} over the run "
-                f"({_x(tr['speedup_first'])} in the first window, {_x(tr['speedup_last'])} in "
-                f"the last). Loss of the first step, module vs torchdeq: |Δ| = "
-                f"{_e(tr['first_loss_diff'])} (same weights, same batch).", ""]
+        out += [f"Module / torchdeq (defaults) steps/s: {_x(tr['speedup_steps_per_s'])} over "
+                f"the run ({_x(tr['speedup_first'])} in the first window, "
+                f"{_x(tr['speedup_last'])} in the last). Loss of the first step, module vs "
+                f"each torchdeq: largest |Δ| = {_e(tr['first_loss_diff'])} (same weights, same "
+                "batch).", ""]
     else:
         out += [f"torchdeq is not installed: {tr.get('torchdeq_note', '')}.", ""]
     return out

@@ -22,7 +22,7 @@ from benchmarks.run import CASES, add_parser, build_parser, main  # noqa: E402
 REQUIRED = {
     "qp": ("module", "hand", "cvxpylayers"),
     "solvers": ("plain", "anderson", "broyden", "torchdeq-anderson"),
-    "train": ("module", "torchdeq"),
+    "train": ("module", "torchdeq", "torchdeq m=5 lam=1e-8"),
 }
 
 
