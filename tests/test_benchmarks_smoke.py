@@ -233,3 +233,12 @@ def test_torchdeq_side_is_the_same_layer(use_plan: bool, monkeypatch: pytest.Mon
     assert torch.allclose(lm, ld, rtol=1e-6, atol=1e-9)
     for n in gm:
         assert torch.allclose(gm[n], gd[n], rtol=1e-6, atol=1e-9), n
+
+
+def test_select_device() -> None:
+    import torch
+
+    from benchmarks.common import select_device
+
+    assert select_device("cpu") == torch.device("cpu")
+    assert select_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
