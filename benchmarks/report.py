@@ -90,7 +90,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _train_targets(tr: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The two training targets (not measured: ``met`` None)."""
+    """The two training targets of case 6 (``met`` None where not measured)."""
     w = tr["window"] if tr else 50
     mo = tr["methods"]["module"] if tr else None
     drift = mo["last_over_first"] if mo else None
@@ -348,8 +348,7 @@ def _train(tr: dict[str, Any]) -> list[str]:
            "with its Anderson forward and IFT backward (Anderson with its defaults m = 6, "
            "lam = 1e-4: the target's baseline; and with the module's history and nominal "
            "ridge, m = 5, lam = 1e-8, for information) at the same tolerances and caps, stop "
-           "mode 'rel'. A step = forward + "
-           "backward + Adam step; "
+           "mode 'rel'. A step = forward + backward + Adam step; "
            f"times are medians of the first and last {w} steps (ms). Iterations: mean over "
            "the window of the batch's largest count (first / last window); capped: steps with "
            "a sample stopped at the cap.", "",
