@@ -41,16 +41,69 @@ class Config:
     mem_ks: tuple[int, ...] = (5, 10, 20, 40)
     cost_reps: int = 5
     verify_models: tuple[str, ...] | None = None  # None: verify every seed model
+    train_steps: int = 300  # Adam steps of the training case (each method)
+    train_window: int = 50  # steps in its "first" and "last" median windows
+    device: str = "cpu"  # where every case puts its modules and tensors (cvxpylayers: CPU)
 
     @classmethod
-    def make(cls, quick: bool, threads: int = 1, seed: int = 0) -> Config:
+    def make(cls, quick: bool, threads: int = 1, seed: int = 0, device: str = "cpu") -> Config:
         """The full configuration, or the < 60 s smoke configuration."""
         if not quick:
-            return cls(quick=False, threads=threads, seed=seed)
+            return cls(quick=False, threads=threads, seed=seed, device=device)
         return cls(quick=True, threads=threads, seed=seed, ms=(32,), batches=(1, 8),
                    reps=2, cvx_reps=1, cvx_budget=1.0, hand_m=(32,), norms=(0.9,),
                    solver_batch=8, solver_m=32, deq_batches=(8,), mem_batch=8, mem_ks=(5, 10),
-                   cost_reps=1, verify_models=("opteq (canonical)",))
+                   cost_reps=1, verify_models=("opteq (canonical)",), train_steps=6,
+                   train_window=3, device=device)
+
+
+# ---------------------------------------------------------------------------- the device
+#: the device every timing synchronises with (set once per run by :func:`use_device`)
+_DEVICE = torch.device("cpu")
+
+
+class DeviceError(ValueError):
+    """``--device`` names a device this machine does not have (the message says what to do)."""
+
+
+def select_device(name: str) -> torch.device:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA when present) as a ``torch.device``;
+    a :class:`DeviceError` saying what to use instead when torch cannot run there."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as err:
+        raise DeviceError(f"--device {name!r} is not a torch device ({err}); use cpu, cuda, "
+                          "cuda:N or auto") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {name!r}: torch sees no CUDA device "
+                              f"(torch.cuda.is_available() is False; torch {torch.__version__}, "
+                              f"built for CUDA {torch.version.cuda or 'none'}); run with "
+                              "--device cpu, or on a machine with a GPU and a CUDA build of "
+                              "torch")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {name!r}: this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s); use cuda:0 … "
+                              f"cuda:{torch.cuda.device_count() - 1}")
+    elif dev.type != "cpu":
+        raise DeviceError(f"--device {name!r}: the benchmarks run on cpu or cuda")
+    return dev
+
+
+def use_device(dev: torch.device | str) -> torch.device:
+    """Make ``dev`` the device :func:`timed` synchronises with; returns it."""
+    global _DEVICE
+    _DEVICE = torch.device(dev)
+    return _DEVICE
+
+
+def sync() -> None:
+    """Wait for the queued kernels of the run's device (a no-op on the CPU): CUDA calls return
+    before their kernels finish, so a clock read without it measures the launch, not the work."""
+    if _DEVICE.type == "cuda":
+        torch.cuda.synchronize(_DEVICE)
 
 
 # ---------------------------------------------------------------------------- the problem
@@ -154,9 +207,12 @@ def rel_err(a: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> flo
 
 # ---------------------------------------------------------------------------- timing
 def timed(fn: Callable[[], Any]) -> float:
-    """Wall time of one call."""
+    """Wall time of one call, the run's device synchronised before each clock read (:func:`sync`),
+    so that earlier queued work is not counted and this call's work is."""
+    sync()
     t0 = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - t0
 
 
@@ -232,6 +288,10 @@ def machine_info(threads: int) -> dict[str, Any]:
     except OSError:
         info["cpu_model"] = None
     info["loadavg_start"] = load_average()
+    info["device"] = str(_DEVICE)
+    if _DEVICE.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(_DEVICE)
+        info["versions"]["cuda"] = torch.version.cuda
     return info
 
 

@@ -43,14 +43,15 @@ def _input(obj: Any, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, ins[0].size))
 
 
-def _direct(obj: Any, layer: Any, x: np.ndarray) -> tuple[float, str]:
-    """Export the instance, solve it with Clarabel, compare with the emitted module's output."""
+def _direct(obj: Any, layer: Any, x: np.ndarray, device: torch.device) -> tuple[float, str]:
+    """Export the instance, solve it with Clarabel, compare with the emitted module's output
+    (computed on ``device``)."""
     if not hasattr(obj, "to_cvxpy"):
         return float("nan"), "no to_cvxpy (composition)"
-    mod = layer.torch_module(dtype=torch.float64, on_nonconvergence="warn")
+    mod = layer.torch_module(dtype=torch.float64, on_nonconvergence="warn").to(device)
     name = mod.input_syms[0].name
     with torch.no_grad():
-        out = mod(torch.as_tensor(x))
+        out = mod(torch.as_tensor(x, device=device))
     blocks = out if isinstance(out, tuple) else (out,)
     z = torch.cat([b.reshape(1, -1) for b in blocks], dim=1)
     ex = obj.to_cvxpy(**{name: x[0]})
@@ -62,7 +63,9 @@ def _direct(obj: Any, layer: Any, x: np.ndarray) -> tuple[float, str]:
 
 def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     """Per seed model: lowering time (median), verify time via ``verify.check`` if importable and
-    via the direct CVXPY path (export + Clarabel + comparison)."""
+    via the direct CVXPY path (export + Clarabel + comparison).  Lowering (sympy), CVXPY and
+    ``verify.check`` are CPU work; only the emitted module of the direct path runs on
+    ``cfg.device``."""
     import lowering
 
     try:
@@ -95,7 +98,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
                 if cfg.verify_models is not None and name not in cfg.verify_models:
                     raise _Skip("skipped (--quick)")
                 t0 = time.perf_counter()
-                err_, note = _direct(obj, layer, x)
+                err_, note = _direct(obj, layer, x, torch.device(cfg.device))
                 row["direct_s"] = time.perf_counter() - t0 if not note else float("nan")
                 row["direct_err"], row["direct_note"] = err_, note
             except _Skip as err:
@@ -121,4 +124,4 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         log(f"  cost {name}: lower {row.get('lower_s', float('nan')) * 1e3:.1f} ms, "
             f"verify {row.get('check_s', float('nan')):.2f} s, direct "
             f"{row.get('direct_s', float('nan')):.2f} s")
-    return {"rows": rows}
+    return {"rows": rows, "device": cfg.device}

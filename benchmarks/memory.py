@@ -49,8 +49,16 @@ def saved_bytes(run: Callable[[], Any]) -> int:
     return sum(seen.values())
 
 
-def profiler_peak(run: Callable[[], Any]) -> int:
-    """Peak bytes allocated by torch on the CPU during ``run()`` (profiler memory events)."""
+def profiler_peak(run: Callable[[], Any], device: torch.device | None = None) -> int:
+    """Peak bytes allocated by torch on the CPU during ``run()`` (profiler memory events); on a
+    CUDA ``device``, the peak of its caching allocator above what was allocated before."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -68,20 +76,22 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     import lowering
 
     m, b, dtype = cfg.solver_m, cfg.mem_batch, torch.float32
+    dev = torch.device(cfg.device)
     w64 = qp_weight(m, norm=0.9, seed=cfg.seed)
     layer = lowering.lower(qp_objective(w64))
     qa, ca = qp_inputs(b, seed=cfg.seed)
-    q, c = torch.as_tensor(qa, dtype=dtype), torch.as_tensor(ca, dtype=dtype)
+    q = torch.as_tensor(qa, dtype=dtype, device=dev)
+    c = torch.as_tensor(ca, dtype=dtype, device=dev)
     mods = {"implicit": layer.torch_module(
                 weight_control=None, solver="anderson", backward="implicit", tol=TOL,
-                                           max_iter=100, dtype=dtype)}
+                                           max_iter=100, dtype=dtype).to(dev)}
     for k in cfg.mem_ks:
         mods[f"unroll K={k}"] = layer.torch_module(
                 weight_control=None, backward="unroll", unroll_steps=k, tol=TOL,
-                                                   dtype=dtype)
-    w_used = mods["implicit"].weights["W"].detach().double().numpy()
+                                                   dtype=dtype).to(dev)
+    w_used = mods["implicit"].weights["W"].detach().double().cpu().numpy()
     ex = exact_qp(w_used, qa, ca)
-    wt = torch.as_tensor(w_used, dtype=dtype)
+    wt = torch.as_tensor(w_used, dtype=dtype, device=dev)
     rows = []
     for name, mod in mods.items():
         run_ = fwd_bwd(mod, q, c)
@@ -90,7 +100,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             mod(q.detach().clone().requires_grad_())
 
         graph = saved_bytes(forward_only)
-        peak = profiler_peak(run_)
+        peak = profiler_peak(run_, dev)
         z, g = run_()
         with torch.no_grad():
             fz = torch.relu(q + (z @ wt.T) @ wt)
@@ -104,4 +114,4 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         r["fwdbwd_s"], r["fwdbwd_times"] = median(times[r["method"]]), times[r["method"]]
         log(f"  memory {r['method']}: graph {r['graph_bytes'] / 2**20:.2f} MiB, peak "
             f"{r['peak_bytes'] / 2**20:.2f} MiB, residual {r['residual_max']:.1e}")
-    return {"rows": rows, "method_note": (__doc__ or "").strip()}
+    return {"rows": rows, "method_note": (__doc__ or "").strip(), "device": str(dev)}

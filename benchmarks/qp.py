@@ -29,7 +29,9 @@ CVX_ARGS: dict[str, Any] = {"eps": 1e-10, "max_iters": 100000}
 
 
 class Float64Layer(torch.nn.Module):
-    """cvxpylayers solves in float64 (diffcp/SCS are double): cast the input in, the output back.
+    """cvxpylayers solves in float64 on the CPU (diffcp/SCS are double, CPU-only): move and cast
+    the input there, the output back to the input's device and dtype (with ``--device cuda`` its
+    times include these two copies).
 
     (``backend="cvxpylayers", dtype=torch.float32`` fails: the CvxpyLayer returns float64 and
     ``CvxpyLayerModule.forward`` multiplies it by a float32 ``state_map``.)"""
@@ -39,7 +41,7 @@ class Float64Layer(torch.nn.Module):
         self.layer = layer
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
-        return self.layer(q.to(torch.float64)).to(q.dtype)
+        return self.layer(q.to("cpu", torch.float64)).to(q.device, q.dtype)
 
 
 def fwd(layer: Callable[[torch.Tensor], Any], q: torch.Tensor) -> Callable[[], Any]:
@@ -81,6 +83,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     refs: dict[str, Any] = {}
     bmax = max(cfg.batches)
+    dev = torch.device(cfg.device)
     for m in cfg.ms:
         w64 = qp_weight(m, norm=NORM, seed=cfg.seed)
         obj = qp_objective(w64)
@@ -97,13 +100,13 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             dname = str(dtype).replace("torch.", "")
             mod = layer.torch_module(
                 weight_control=None, solver="anderson", backward="implicit", tol=TOL,
-                                     max_iter=MAX_ITER, dtype=dtype)
-            hand = HandDEQ(torch.as_tensor(w64, dtype=dtype), tol=TOL, max_iter=MAX_ITER)
-            w_used = mod.weights["W"].detach().double().numpy()
+                                     max_iter=MAX_ITER, dtype=dtype).to(dev)
+            hand = HandDEQ(torch.as_tensor(w64, dtype=dtype), tol=TOL, max_iter=MAX_ITER).to(dev)
+            w_used = mod.weights["W"].detach().double().cpu().numpy()
             for b in cfg.batches:
-                q = torch.as_tensor(qa[:b], dtype=dtype)
-                c = torch.as_tensor(ca[:b], dtype=dtype)
-                ex = exact_qp(w_used, q.double().numpy(), c.double().numpy())
+                q = torch.as_tensor(qa[:b], dtype=dtype, device=dev)
+                c = torch.as_tensor(ca[:b], dtype=dtype, device=dev)
+                ex = exact_qp(w_used, q.double().cpu().numpy(), c.double().cpu().numpy())
                 row: dict[str, Any] = {"m": m, "dtype": dname, "batch": b,
                                        "ref_kkt_failures": ex.kkt_failures,
                                        "ref_margin": ex.margin,
@@ -148,5 +151,5 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
                     f"hand {acc['hand']['fwdbwd_s'] * 1e3:.1f} ms, cvxpylayers "
                     f"{acc['cvxpylayers']['fwdbwd_s'] * 1e3:.0f} ms (fwd+bwd; x{n_cvx})")
     return {"rows": rows, "reference": refs, "tol": TOL, "max_iter": MAX_ITER, "norm": NORM,
-            "cvx_solver_args": CVX_ARGS}
+            "cvx_solver_args": CVX_ARGS, "device": str(dev), "cvxpylayers_device": "cpu"}
 

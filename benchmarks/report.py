@@ -11,6 +11,8 @@ TARGETS = {
     "anderson_iters": 12,  # to 1e-6 at ||W||₂ = 0.9
     "vs_torchdeq": 5.0,
     "grad_err": 1e-5,
+    "train_drift": 1.3,  # training: module step time, last window / first window
+    "train_vs_torchdeq": 2.0,  # training: module steps/s / torchdeq steps/s
 }
 
 
@@ -83,7 +85,28 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     ge = max((r["module"]["grad_err"] for r in qp), default=None)
     out.append({"target": "gradient relative error ≤ 1e-5 (module, worst sample of all case-1 "
                 "rows)", "measured": _e(ge), "met": None if ge is None else ge <= 1e-5})
+    out += _train_targets(res.get("train"))
     return out
+
+
+def _train_targets(tr: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The two training targets of case 6 (``met`` None where not measured)."""
+    w = tr["window"] if tr else 50
+    mo = tr["methods"]["module"] if tr else None
+    drift = mo["last_over_first"] if mo else None
+    spd = tr.get("speedup_steps_per_s") if tr else None
+    return [
+        {"target": f"demo conv OptEq training: module step time, median of the last {w} steps "
+         f"≤ {TARGETS['train_drift']:g}× that of the first {w}",
+         "measured": "—" if mo is None else
+         f"{_x(drift)} ({_ms(mo['last_s'])} / {_ms(mo['first_s'])} ms)",
+         "met": None if drift is None else drift <= TARGETS["train_drift"]},
+        {"target": f"demo conv OptEq training: module ≥ {TARGETS['train_vs_torchdeq']:g}× the "
+         "steps/s of torchdeq on the same layer (same tolerances and caps)",
+         "measured": _x(spd) if tr is None or tr.get("have_torchdeq") else
+         "— (torchdeq not installed)",
+         "met": None if spd is None else spd >= TARGETS["train_vs_torchdeq"]},
+    ]
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -97,7 +120,9 @@ def markdown(res: dict[str, Any]) -> str:
              f"{info.get('omp_wait_policy') or 'unset'}) · cvxpy {info['versions']['cvxpy']} · "
              f"cvxpylayers {info['versions']['cvxpylayers']} · torchdeq "
              f"{info['versions']['torchdeq']} · load {info.get('loadavg_start')} → "
-             f"{info.get('loadavg_end')} · total {res.get('elapsed_s', 0):.0f} s", ""]
+             f"{info.get('loadavg_end')} · device {info.get('device', 'cpu')}"
+             f"{' (' + info['gpu'] + ')' if info.get('gpu') else ''} · total "
+             f"{res.get('elapsed_s', 0):.0f} s", ""]
     cal = info.get("calibration", {})
     if cal:
         parts += ["Calibration (32×64 · 64×128 matmul, median): " + ", ".join(
@@ -116,6 +141,13 @@ def markdown(res: dict[str, Any]) -> str:
                       ""]
     parts += ["Times are medians over interleaved repetitions in one process on the same "
               "instances; ratios are only meaningful within this run.", ""]
+    dev = info.get("device", "cpu")
+    if dev != "cpu":
+        off = [k for k in ("qp", "limit", "solvers", "cost", "memory", "train")
+               if k in res and res[k].get("device", "cpu") != dev]
+        parts += [f"Device {dev}: every clock read follows a device synchronisation. "
+                  "cvxpylayers (diffcp/SCS), lowering and verify run on the CPU"
+                  + (f"; cases that ran on the CPU: {', '.join(off)}" if off else "") + ".", ""]
     parts += ["## Targets", "", _table(["target", "measured", "met"], [
         [t["target"], t["measured"], "—" if t["met"] is None else ("yes" if t["met"] else "**no**")]
         for t in targets(res)]), ""]
@@ -129,7 +161,9 @@ def markdown(res: dict[str, Any]) -> str:
         parts += _cost(res["cost"])
     if "memory" in res:
         parts += _memory(res["memory"])
-    for k in ("qp", "limit", "solvers", "cost", "memory"):
+    if "train" in res:
+        parts += _train(res["train"])
+    for k in ("qp", "limit", "solvers", "cost", "memory", "train"):
         if f"{k}_error" in res:
             parts += [f"**{k} failed:** `{res[k + '_error']}`", ""]
     return "\n".join(parts) + "\n"
@@ -174,8 +208,11 @@ def _qp(qp: dict[str, Any]) -> list[str]:
             "are the worst per-sample relative errors vs the exact active-set solve (z) and "
             "∂ℓ/∂q for ℓ = Σ c⊙z: with A = {i : z*_i > 0} and M = WᵀW, z*_A = (I − M_AA)⁻¹q_A, "
             "so ∂ℓ/∂q_A = (I − M_AA)⁻¹c_A and ∂ℓ/∂q_i = 0 off A (valid under strict "
-            "complementarity, margin below). cvxpylayers always solves in float64 (diffcp/SCS); "
-            "its rows are the same instances cast.", "",
+            "complementarity, margin below). cvxpylayers always solves in float64 (diffcp/SCS) "
+            "on the CPU; its rows are the same instances cast"
+            + ("" if qp.get("device", "cpu") == "cpu" else
+               f" and copied from and back to {qp['device']} (the copies are in its times)")
+            + ".", "",
             _table(["m", "dtype", "B", "module fwd", "module fwd+bwd", "iters mean/max",
                     "cvxpylayers fwd", "cvxpylayers fwd+bwd", "speedup fwd",
                     "speedup fwd+bwd", "z err module / cvx", "grad err module / cvx",
@@ -269,8 +306,61 @@ def _memory(mem: dict[str, Any]) -> list[str]:
     return [f"## 5. Memory: implicit vs unrolled backward (m = {r0['m']}, B = {r0['batch']}, "
             "float32, ||W||₂ = 0.9)", "",
             "graph = bytes autograd saves for backward (saved_tensors_hooks, distinct "
-            "storages); peak = peak of torch's CPU allocator over fwd+bwd (torch.profiler "
-            "profile_memory, running sum of alloc/free events). Residual = worst relative "
-            "residual of the returned z.", "",
+            "storages); peak = " + (
+                "peak of torch's CPU allocator over fwd+bwd (torch.profiler profile_memory, "
+                "running sum of alloc/free events)" if mem.get("device", "cpu") == "cpu" else
+                f"peak of the CUDA caching allocator on {mem['device']} over fwd+bwd above what "
+                "was allocated before (torch.cuda.max_memory_allocated)")
+            + ". Residual = worst relative residual of the returned z.", "",
             _table(["backward", "graph (MiB)", "peak (MiB)", "residual", "z err", "grad err",
                     "fwd+bwd (ms)"], rows), ""]
+
+
+def _train(tr: dict[str, Any]) -> list[str]:
+    w = tr["window"]
+    rows = []
+    for name, m in tr["methods"].items():
+        it = {side: f"{m[f'{side}_iters_first']:.1f} / {m[f'{side}_iters_last']:.1f}"
+              if f"{side}_iters_first" in m else "—" for side in ("fwd", "bwd")}
+        rows.append([name, _ms(m["first_s"]), _ms(m["last_s"]), _x(m["last_over_first"]),
+                     f"{m['steps_per_s']:.3g}",
+                     "—" if name == "module" else _x(m.get("module_speedup")), it["fwd"],
+                     it["bwd"],
+                     f"{m.get('fwd_capped_steps', 0)} / {m.get('bwd_capped_steps', 0)}",
+                     f"{m['loss_last']:.3f}"])
+    out = [f"## 6. Training the demo's conv OptEq ({tr['steps']} Adam steps, batch "
+           f"{tr['batch']})", "",
+           f"The demo's `classifier(\"OptEq\")` ({tr['channels']} channels, kernel "
+           f"{tr['kernel']}, state size {tr['state_size']}) on MNIST-1D generated locally, Adam "
+           f"at a constant lr {tr['lr']:g}, the same batches for every method, steps "
+           f"interleaved (the order rotating per step), on "
+           f"{tr['device']} with {tr['threads']} torch thread(s). Module (the demo's training "
+           f"settings): solver {tr['module_solvers'][0]!r} forward, implicit backward "
+           f"(adjoint solver {tr['module_solvers'][1]!r}; used: "
+           f"{', '.join(tr['methods']['module'].get('bwd_solvers_used', []))}), relative tol "
+           f"{tr['tol']:g} / {tr['backward_tol']:g}, caps {tr['max_iter']} / "
+           f"{tr['backward_max_iter']} (forward / adjoint), weight control "
+           f"{tr['weight_control']!r}. "
+           "torchdeq: a copy of the same classifier (same initial weights), its layer map ("
+           f"`{tr['torchdeq_map']}`: " + ("the lowered plan, state-free parts such as the "
+           "injection computed once per step" if tr["torchdeq_map"] == "plan" else
+           "the node tree's T") + ") and weights after weight control, solved by `get_deq` "
+           "with its Anderson forward and IFT backward (Anderson with its defaults m = 6, "
+           "lam = 1e-4: the target's baseline; and with the module's history and nominal "
+           "ridge, m = 5, lam = 1e-8, for information) at the same tolerances and caps, stop "
+           "mode 'rel'. A step = forward + backward + Adam step; "
+           f"times are medians of the first and last {w} steps (ms). Iterations: mean over "
+           "the window of the batch's largest count (first / last window); capped: steps with "
+           "a sample stopped at the cap.", "",
+           _table(["method", f"first {w}", f"last {w}", "last / first", "steps/s",
+                   "module steps/s over it", "fwd iters", "adjoint iters",
+                   "capped fwd / adjoint", "loss (last window)"], rows), ""]
+    if tr.get("have_torchdeq"):
+        out += [f"Module / torchdeq (defaults) steps/s: {_x(tr['speedup_steps_per_s'])} over "
+                f"the run ({_x(tr['speedup_first'])} in the first window, "
+                f"{_x(tr['speedup_last'])} in the last). Loss of the first step, module vs "
+                f"each torchdeq: largest |Δ| = {_e(tr['first_loss_diff'])} (same weights, same "
+                "batch).", ""]
+    else:
+        out += [f"torchdeq is not installed: {tr.get('torchdeq_note', '')}.", ""]
+    return out

@@ -1,9 +1,9 @@
-"""``convex-eq bench`` / ``python -m benchmarks.run [--quick] [--out DIR]``.
+"""``convex-eq bench`` / ``python -m benchmarks.run [--quick] [--out DIR] [--device DEV]``.
 
 Writes ``DIR/bench.md`` (Markdown tables, target verdicts) and ``DIR/bench.json`` (every raw
 timing, the machine, versions and date). Cases: (1) OptEq hidden QP vs cvxpylayers, (2) overhead
 vs a hand-written loop (2b: the fastest hand loops on an m × B grid), (3) solvers and
-torchdeq, (4) lowering/verify cost, (5) memory.
+torchdeq, (4) lowering/verify cost, (5) memory, (6) training the demo's conv OptEq vs torchdeq.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-CASES = ("qp", "limit", "solvers", "cost", "memory")
+CASES = ("qp", "limit", "solvers", "cost", "memory", "train")
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", choices=CASES,
                    help="run only this case (repeatable); default: all")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default), cuda, cuda:N or auto (CUDA when present): where every "
+                   "case puts its modules and tensors; timings synchronise the device before "
+                   "reading the clock. cvxpylayers (diffcp/SCS) always solves on the CPU")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -87,10 +91,11 @@ def execute(args: argparse.Namespace) -> int:
 
     from . import common
 
+    dev = common.use_device(common.select_device(args.device))  # DeviceError before any work
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message="Solved/Inaccurate")
-    cfg = common.Config.make(args.quick, args.threads, args.seed)
+    cfg = common.Config.make(args.quick, args.threads, args.seed, str(dev))
     out = Path(args.out)
 
     def log(msg: str) -> None:
@@ -133,7 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     into a ~25–50 ms stall; passive workers cost a few µs per parallel kernel instead."""
     if "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return execute(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .common import DeviceError
+
+    try:
+        return execute(args)
+    except DeviceError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

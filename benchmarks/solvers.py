@@ -74,23 +74,24 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     except ImportError:
         have_deq = False
     rows: list[dict[str, Any]] = []
+    dev = torch.device(cfg.device)
     qa, _ = qp_inputs(max(cfg.solver_batch, *cfg.deq_batches), seed=cfg.seed)
     for norm in cfg.norms:
         w64 = qp_weight(cfg.solver_m, norm=norm, seed=cfg.seed)
         layer = lowering.lower(qp_objective(w64))
         for dtype in cfg.dtypes:
             dname = str(dtype).replace("torch.", "")
-            q = torch.as_tensor(qa[:cfg.solver_batch], dtype=dtype)
+            q = torch.as_tensor(qa[:cfg.solver_batch], dtype=dtype, device=dev)
             mods = {s: layer.torch_module(
                 weight_control=None, solver=s, tol=TOL, max_iter=MAX_ITER, dtype=dtype,
-                                          on_nonconvergence="warn") for s in SOLVERS}
+                                          on_nonconvergence="warn").to(dev) for s in SOLVERS}
             methods: dict[str, Callable[[], Any]] = {}
             stats: dict[str, dict[str, Any]] = {}
             for s, mod in mods.items():
                 stats[s] = _solver_row(mod, q)
                 methods[s] = fwd(mod, q)
             for name, kw in (DEQ_VARIANTS if have_deq else {}).items():
-                deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), MAX_ITER, kw)
+                deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), MAX_ITER, kw).to(dev)
                 with torch.no_grad():
                     deq(q)
                 info = deq.info
@@ -108,7 +109,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             log(f"  solvers ||W||={norm} {dname}: " + ", ".join(
                 f"{k} {v['iters_max']} it" for k, v in stats.items()))
     return {"rows": rows, "deq": _vs_deq(cfg, log) if have_deq else [], "tol": TOL,
-            "max_iter": MAX_ITER, "have_torchdeq": have_deq}
+            "max_iter": MAX_ITER, "have_torchdeq": have_deq, "device": str(dev)}
 
 
 def _vs_deq(cfg: Config, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -118,16 +119,16 @@ def _vs_deq(cfg: Config, log: Callable[[str], None]) -> list[dict[str, Any]]:
     out = []
     w64 = qp_weight(cfg.solver_m, norm=0.9, seed=cfg.seed)
     layer = lowering.lower(qp_objective(w64))
-    dtype = torch.float32
+    dtype, dev = torch.float32, torch.device(cfg.device)
     mod = layer.torch_module(
-                weight_control=None, solver="anderson", tol=TOL, max_iter=100, dtype=dtype)
-    deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), 100)
+                weight_control=None, solver="anderson", tol=TOL, max_iter=100, dtype=dtype).to(dev)
+    deq = DEQLayer(HandDEQ(torch.as_tensor(w64, dtype=dtype)), 100).to(dev)
     qa, ca = qp_inputs(max(cfg.deq_batches), seed=cfg.seed)
-    w_used = mod.weights["W"].detach().double().numpy()
+    w_used = mod.weights["W"].detach().double().cpu().numpy()
     for b in cfg.deq_batches:
-        q = torch.as_tensor(qa[:b], dtype=dtype)
-        c = torch.as_tensor(ca[:b], dtype=dtype)
-        ex = exact_qp(w_used, q.double().numpy(), c.double().numpy())
+        q = torch.as_tensor(qa[:b], dtype=dtype, device=dev)
+        c = torch.as_tensor(ca[:b], dtype=dtype, device=dev)
+        ex = exact_qp(w_used, q.double().cpu().numpy(), c.double().cpu().numpy())
         row: dict[str, Any] = {"batch": b, "m": cfg.solver_m, "dtype": "float32", "norm": 0.9}
         methods: dict[str, Callable[[], Any]] = {}
         for name, lay in (("module", mod), ("torchdeq", deq)):
