@@ -25,7 +25,15 @@ from typing import Any
 
 import torch
 
-from .common import Config, interleave, median, qp_inputs, qp_objective, qp_weight
+from .common import (
+    Config,
+    interleave,
+    median,
+    qp_inputs,
+    qp_objective,
+    qp_weight,
+    timed,
+)
 from .hand import anderson
 from .qp import fwd_bwd
 
@@ -89,6 +97,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
     """Every (m, B) cell: module (Anderson default, plain) vs hand (Anderson, plain)."""
     import lowering
 
+    dev = torch.device(cfg.device)
     grid_m = (64, 256) if cfg.quick else GRID_M
     grid_b = (1, 32) if cfg.quick else GRID_B
     reps = 2 if cfg.quick else 41
@@ -102,12 +111,12 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         mods = {f"module-{s}": layer.torch_module(weight_control=None, solver=s, tol=TOL,
                                                   max_iter=MAX_ITER, backward_solver=s,
                                                   backward_tol=TOL, backward_max_iter=MAX_ITER,
-                                                  dtype=dtype).requires_grad_(False)
+                                                  dtype=dtype).requires_grad_(False).to(dev)
                 for s in ("auto", "anderson", "plain")}
-        hands = {f"hand-{s}": HandLimit(w, s) for s in ("anderson", "plain")}
+        hands = {f"hand-{s}": HandLimit(w, s).to(dev) for s in ("anderson", "plain")}
         for b in grid_b:
-            q = torch.as_tensor(qa[:b], dtype=dtype)
-            c = torch.as_tensor(ca[:b], dtype=dtype)
+            q = torch.as_tensor(qa[:b], dtype=dtype, device=dev)
+            c = torch.as_tensor(ca[:b], dtype=dtype, device=dev)
             methods = {name: fwd_bwd(lay, q, c) for name, lay in {**mods, **hands}.items()}
             outs = {name: fn() for name, fn in methods.items()}  # warm-up and agreement
             ref_z, ref_g = outs["hand-plain"]
@@ -134,8 +143,6 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
 def _compiled(cfg: Config, log: Callable[[str], None], qa: Any, ca: Any) -> dict[str, Any]:
     """``torch.compile(module)`` against the eager module, fwd+bwd at m = 256, B = 256 (the
     first compiled call's time is the compile time; then interleaved repetitions)."""
-    import time
-
     import lowering
 
     m, b = (64, 8) if cfg.quick else (256, 256)
@@ -143,14 +150,14 @@ def _compiled(cfg: Config, log: Callable[[str], None], qa: Any, ca: Any) -> dict
     eager = lowering.lower(qp_objective(w64)).torch_module(
         weight_control=None, tol=TOL, max_iter=MAX_ITER, backward_tol=TOL,
         backward_max_iter=MAX_ITER, dtype=torch.float32).requires_grad_(False)
+    dev = torch.device(cfg.device)
+    eager = eager.to(dev)
     compiled = torch.compile(eager)
-    q = torch.as_tensor(qa[:b], dtype=torch.float32)
-    c = torch.as_tensor(ca[:b], dtype=torch.float32)
+    q = torch.as_tensor(qa[:b], dtype=torch.float32, device=dev)
+    c = torch.as_tensor(ca[:b], dtype=torch.float32, device=dev)
     methods = {"eager": fwd_bwd(eager, q, c), "compiled": fwd_bwd(compiled, q, c)}
     methods["eager"]()
-    t0 = time.perf_counter()
-    methods["compiled"]()
-    compile_s = time.perf_counter() - t0
+    compile_s = timed(methods["compiled"])  # the first call compiles
     reps = 2 if cfg.quick else 41
     times = interleave(methods, dict.fromkeys(methods, reps))
     t = {k: median(v) for k, v in times.items()}

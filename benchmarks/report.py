@@ -59,12 +59,20 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         wd = max(r["ratio_default"] for r in lim)
         wb = max(r["ratio_best"] for r in lim)
         w256 = max((r["ratio_best"] for r in lim if r["batch"] == 256), default=None)
+        d256 = max((r["ratio_default"] for r in lim if r["batch"] == 256), default=None)
         out.append({"target": "module ≤ 1.10× the fastest hand loop in every (m, B) cell "
-                    "(fwd+bwd; module default solver / module's better solver)",
-                    "measured": f"{_x(wd)} / {_x(wb)}", "met": wb <= 1.10})
-        if w256 is not None:
-            out.append({"target": "module ≤ 1.05× the fastest hand loop at B = 256 (module's "
-                        "better solver)", "measured": _x(w256), "met": w256 <= 1.05})
+                    "(fwd+bwd, worst cell; module's default solver auto / its better solver)",
+                    "measured": f"{_x(wd)} / {_x(wb)}", "met": wd <= 1.10})
+        if w256 is not None and d256 is not None:
+            out.append({"target": "module ≤ 1.05× the fastest hand loop at B = 256 (default "
+                        "solver / better solver)", "measured": f"{_x(d256)} / {_x(w256)}",
+                        "met": d256 <= 1.05})
+    comp = res.get("limit", {}).get("compile")
+    if comp:
+        out.append({"target": f"torch.compile(module) faster than eager (fwd+bwd, m = "
+                    f"{comp['m']}, B = {comp['batch']})",
+                    "measured": f"compiled/eager {comp['compiled_over_eager']:.3f} (first call "
+                    f"{comp['first_call_s']:.1f} s)", "met": comp["compiled_over_eager"] < 1.0})
     sv = [r for r in res.get("solvers", {}).get("rows", [])
           if r["solver"] == "anderson" and abs(r["norm"] - 0.9) < 1e-9]
     qp_it = [r["module"]["iters_max"] for r in qp]
@@ -173,17 +181,19 @@ def _limit(lim: dict[str, Any]) -> list[str]:
     rows = []
     for r in lim["rows"]:
         t = r["times_s"]
-        rows.append([r["m"], r["batch"], _ms(t["module-anderson"]), _ms(t["module-plain"]),
-                     _ms(t["hand-anderson"]), _ms(t["hand-plain"]), _x(r["ratio_default"]),
-                     _x(r["ratio_best"]),
+        rows.append([r["m"], r["batch"], _ms(t["module-auto"]), _ms(t["module-anderson"]),
+                     _ms(t["module-plain"]), _ms(t["hand-anderson"]), _ms(t["hand-plain"]),
+                     _x(r["ratio_default"]), _x(r["ratio_best"]),
                      _e(max(v for k, v in r["rel_diff_vs_hand_plain"].items()))])
     return ["## 2b. Module vs the fastest hand loop (m × B grid)", "",
             "`relu(WᵀWz + q)`, W ∈ R^{m×64}, ‖W‖₂ = 0.9, float32, tol 1e-6, fwd+bwd of Σ c ⊙ z "
-            "w.r.t. q. Hand loops: M = WᵀW once per call, analytic Jᵀ (no autograd graph), "
-            "plain and Anderson; ratio = module / the faster hand loop. Times in ms; last "
+            "w.r.t. q (weights frozen on both sides). Hand loops: M = WᵀW once per call, "
+            "analytic Jᵀ (no autograd graph), plain and Anderson; ratio = module / the faster "
+            "hand loop. Module: its default solver (auto), Anderson, plain. Times in ms; last "
             "column: largest relative difference of z and ∂ℓ/∂q to the plain hand loop.", "",
-            _table(["m", "B", "module anderson", "module plain", "hand anderson", "hand plain",
-                    "ratio (default)", "ratio (better solver)", "max rel diff"], rows), ""]
+            _table(["m", "B", "module auto", "module anderson", "module plain",
+                    "hand anderson", "hand plain", "ratio (default auto)",
+                    "ratio (better solver)", "max rel diff"], rows), ""]
 
 
 def _qp(qp: dict[str, Any]) -> list[str]:

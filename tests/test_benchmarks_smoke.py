@@ -96,8 +96,10 @@ def test_json_is_complete(quick_run: tuple[int, Path]) -> None:
     # relative): the cross-entropy of 10 classes at the start moves far less than 1e-2 (measured
     # ~2e-6); a torchdeq side on another layer or other weights differs by O(0.1) or more
     assert tr["first_loss_diff"] < 1e-2
-    # quick mode has no B = 256 cell: the eight targets without the B = 256 one
-    assert len(data["targets"]) == 8
+    # quick mode has no B = 256 cell: the nine targets (the compiled-module one included)
+    # without the B = 256 one
+    assert len(data["targets"]) == 9
+    assert any("torch.compile" in t["target"] for t in data["targets"])
     for t in data["targets"]:
         assert t["met"] in (True, False, None)
 
