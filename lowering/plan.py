@@ -34,6 +34,12 @@ class Transpose:
         """``Jᵀv + b``."""
         return self(v) + b
 
+    def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
+        """The per-sample matrices ``L_b`` with ``(Jᵀv)_b = L_b v_b`` (column vectors), shaped
+        ``(B, N, N)`` or ``(1, N, N)`` when shared, for a direct adjoint solve; None when this
+        ``Jᵀ`` is only known as a map."""
+        return None
+
 
 #: ``v ↦ Jᵀv``; ``None`` stands for the zero map
 Lin = Transpose | None
@@ -51,6 +57,9 @@ class IdentityT(Transpose):
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return v
 
+    def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
+        return torch.eye(like.shape[-1], dtype=like.dtype, device=like.device)[None]
+
 
 class MatrixT(Transpose):
     """``Jᵀv = v Mᵀ`` (batched rows)."""
@@ -65,6 +74,9 @@ class MatrixT(Transpose):
         if v.ndim == 2 and b.ndim == 2:
             return torch.addmm(b, v, self.mt)
         return v @ self.mt + b
+
+    def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
+        return self.mt.T[None]  # rows v ↦ v·mt are columns v ↦ mtᵀ·v
 
 
 class FunctionT(Transpose):
@@ -89,6 +101,10 @@ class DiagonalThenT(Transpose):
     def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.inner.plus(self.d * v, b)
 
+    def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
+        inner = self.inner.blocks(like)
+        return None if inner is None else inner * self.d[:, None, :]  # L_inner · diag(d_b)
+
 
 class ComposeT(Transpose):
     """``(J_out J_in)ᵀ v = J_inᵀ(J_outᵀ v)``."""
@@ -102,6 +118,10 @@ class ComposeT(Transpose):
     def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.inner.plus(self.outer(v), b)
 
+    def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
+        inner, outer = self.inner.blocks(like), self.outer.blocks(like)
+        return None if inner is None or outer is None else inner @ outer
+
 
 class SumT(Transpose):
     """``Σ_k c_k J_kᵀ v``."""
@@ -111,6 +131,15 @@ class SumT(Transpose):
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return weighted_sum(self.parts, v)
+
+    def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
+        acc = None
+        for c, jt in self.parts:
+            m = jt.blocks(like)
+            if m is None:
+                return None
+            acc = add(acc, m if _is_one(c) else c * m)
+        return acc
 
 
 class Plan(Protocol):
