@@ -71,11 +71,14 @@ def _plan_errors(mod: torch.nn.Module, seed: int) -> tuple[float, float]:
         _, jt = root.linearize(z)
         jtv = jt(v)
         jtv_plus = jt.plus(v, z)  # the fused adjoint step Jᵀv + b
+        blocks = jt.blocks(v)  # per-sample matrices of the direct adjoint (None: map only)
+        jtv_blocks = None if blocks is None else (blocks @ v[..., None])[..., 0]
     zz = z.clone().requires_grad_()
     ref = torch.autograd.grad(mod.T(zz, x, env), zz, v)[0]
     val = float((t_plan - t_tree).norm() / t_tree.norm())
     lin = max(float((jtv - ref).norm() / ref.norm()),
-              float((jtv_plus - ref - z).norm() / (ref + z).norm()))
+              float((jtv_plus - ref - z).norm() / (ref + z).norm()),
+              0.0 if jtv_blocks is None else float((jtv_blocks - ref).norm() / ref.norm()))
     return val, lin
 
 
@@ -87,6 +90,24 @@ def test_plan_is_T_and_its_transpose_jacobian(name: str) -> None:
     mod = _module(PLANNED[name]())
     val, lin = _plan_errors(mod, seed=7)
     assert val <= 1e-12 and lin <= 1e-12, (val, lin)
+
+
+def test_the_direct_adjoint_blocks_are_formed_for_the_canonical_layer() -> None:
+    """The canonical layer's ``Jᵀ`` gives its per-sample blocks (what ``backward_adjoint``'s
+    direct solve uses), so the block check above is exercised, not skipped."""
+    mod = _module(PLANNED["opteq-relu"]())
+    x = _inputs(mod, 2, seed=1)
+    with torch.no_grad():
+        _, jt = _plan_of(mod, x).linearize(torch.zeros(2, mod.state_size, dtype=T64))
+    assert jt is not None and jt.blocks(torch.zeros(2, mod.state_size, dtype=T64)) is not None
+
+
+def test_wrong_blocks_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block check can fail: blocks missing the diagonal factor σ'(p) are O(1) off."""
+    monkeypatch.setattr(pl.DiagonalThenT, "blocks", lambda self, like: self.inner.blocks(like))
+    mod = _module(PLANNED["opteq-relu"]())
+    _, lin = _plan_errors(mod, seed=7)
+    assert lin > 1e-2, lin
 
 
 def test_a_wrong_elementwise_derivative_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
