@@ -214,7 +214,7 @@ class Tracker:
         self.name, self.tol = name, tol
         self._best = z0  # read through `best` (a copy while it is still z0)
         self._z0 = z0
-        #: set while run_solver replays an unconverged solve to collect per-sample best iterates
+        #: set while _per_sample_best replays an unconverged solve to collect per-sample bests
         rep = _REPLAY.get()
         if rep is not None and not rep.claimed:
             rep.claimed = True
@@ -231,7 +231,7 @@ class Tracker:
         self._exact = False  # measure every residual exactly (after a failed confirmation)
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
         self.hist: list[torch.Tensor] = []
-        self.worst = float("inf")  # the returned (best) iterate's worst-sample residual
+        self.worst = float("inf")  # the returned iterate's worst-sample residual
         self.top = float("inf")  # the last recorded iterate's worst-sample residual
 
     @property
@@ -305,7 +305,7 @@ class Tracker:
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
         # the latest iterate, by reference (the solvers never write into an iterate); a solve
-        # that ends unconverged gets each sample's best iterate by a replay (run_solver)
+        # that ends unconverged gets each sample's best iterate by a replay (_per_sample_best)
         self.best, self.best_fz, self.best_res, self.top, self.worst = z, fz, r, top, top
         self._confirmed = None
         self._done = False
