@@ -28,7 +28,14 @@ from torch.autograd.function import once_differentiable
 from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 
 from .nodes import partial_evaluation
-from .solvers import SolverStats, accumulation_dtype, get_solver, scaled_rel_residual
+from .solvers import (
+    CompiledSteps,
+    SolverStats,
+    accumulation_dtype,
+    compiled_steps,
+    get_solver,
+    scaled_rel_residual,
+)
 
 
 @dataclass
@@ -49,6 +56,10 @@ class AdjointConfig:
     on_fail: str = "raise"  # "raise" | "warn" | "mask"
     method: str = "auto"
     batch_independent: bool = False
+    #: compiled chunks of plain adjoint iterations (:class:`~lowering.solvers.CompiledSteps`;
+    #: None: eager), used when ``Jᵀ`` comes from a plan (the module sets them inside
+    #: ``torch.compile``)
+    compiled_steps: CompiledSteps | None = None
 
 
 #: ``"auto"`` forms the Jacobian only when it is small: N batched VJP rows per sample
@@ -135,7 +146,7 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
     """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver."""
     solver = get_solver(cfg.solver)
     plus = getattr(apply, "plus", None)  # a plan's Jᵀ fuses the affine step (addmm)
-    with torch.no_grad():
+    with torch.no_grad(), compiled_steps(cfg.compiled_steps if plus is not None else None):
         y, st = solver((lambda y: plus(y, rhs)) if plus is not None else
                        (lambda y: apply(y) + rhs), rhs, tol=cfg.tol, max_iter=cfg.max_iter)
     if sink is not None:

@@ -116,6 +116,9 @@ class ModuleConfig:
     sam: SAMConfig | None = None
     dtype: torch.dtype = torch.float32
     learnable_constants: bool = False
+    #: inside ``torch.compile``: plain iterations (forward and adjoint, planned layers) run this
+    #: many per compiled call (:func:`lowering.solvers.compiled_steps`); 0 keeps the eager loop
+    compile_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.on_nonconvergence not in ON_FAIL:
@@ -126,6 +129,12 @@ class ModuleConfig:
             raise OptionError("SAM with backward='unroll' is not supported (the unrolled "
                               "iteration is plain T, not SAM's)", term="torch_module",
                               hint="use backward='implicit' or 'phantom' with sam=")
+        if isinstance(self.compile_steps, bool) or not isinstance(self.compile_steps, int) \
+                or self.compile_steps < 0:
+            raise OptionError(f"compile_steps = {self.compile_steps!r} must be an int ≥ 0",
+                              term="torch_module",
+                              hint="iterations per compiled call under torch.compile; 0 turns "
+                              "compiled chunks off")
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise OptionError(f"dtype={self.dtype!r} is not a floating dtype",
                               term="torch_module")
@@ -160,6 +169,7 @@ FLAT_OPTIONS: dict[str, tuple[str | None, str]] = {
     "weight_bounds": ("weight_control", "bounds"),
     "on_nonconvergence": (None, "on_nonconvergence"), "sam": (None, "sam"),
     "dtype": (None, "dtype"), "learnable_constants": (None, "learnable_constants"),
+    "compile_steps": (None, "compile_steps"),
 }
 
 

@@ -39,7 +39,7 @@ from .nodes import broadcast_batch, partial_evaluation
 from .plan import Plan, PlanContext, Root
 from .sam import sam_iterate
 from .scalars import LearnableScalar, check_learnable
-from .solvers import SolverStats, Tracker, get_solver
+from .solvers import CompiledSteps, SolverStats, Tracker, compiled_steps, get_solver
 from .weight_control import WeightControl, norm_conditions
 
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
@@ -217,6 +217,7 @@ class EquilibriumModule(nn.Module):
         """Pickle support: a derived layer that cannot be pickled (closures in its contraction
         estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
         state = self.__dict__.copy()
+        state.pop("_compiled", None)  # compiled functions: made again on first use
         try:
             import pickle
 
@@ -350,12 +351,24 @@ class EquilibriumModule(nn.Module):
         return shaped[0] if len(shaped) == 1 else tuple(shaped)
 
     # ------------------------------------------------------------------ forward
-    @compile_disabled
     def forward(self, x: Any = None, z0: torch.Tensor | None = None,
                 return_stats: bool = False) -> Any:
         """``z*(x)``: the equilibrium of ``T(·, x)`` (shaped like the state block, or a tuple of
         blocks), with the gradient of the configured backward strategy; ``return_stats`` also
-        returns the forward :class:`~lowering.solvers.SolverStats`."""
+        returns the forward :class:`~lowering.solvers.SolverStats`.
+
+        Inside ``torch.compile`` the branch below is what dynamo traces (``is_compiling()`` is
+        True only while tracing, and the traced code keeps it): the solve itself stays a graph
+        break, and its plain iterations run ``compile_steps`` at a time in one compiled call
+        (docs/guide.md, torch.compile).  Eager calls never take it."""
+        steps = getattr(self.config, "compile_steps", 0) if torch.compiler.is_compiling() else 0
+        return self._forward(x, z0, return_stats, steps)
+
+    @compile_disabled
+    def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,
+                 steps: int) -> Any:
+        """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
+        compiled = self._compiled_steps(steps)
         out_dtype = self.dtype
         inputs = self._inputs(x, out_dtype)
         env = self.env()
@@ -394,11 +407,14 @@ class EquilibriumModule(nn.Module):
             planned = None
         else:
             planned = self._plan(keys_in, keys_env, tensors, z0)
-            z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env)
+            if planned is None:  # only a plan's T is compiled
+                compiled = None
+            z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
+                                        compiled and compiled[0])
         ok, all_ok = self._judge(stats, bad_in)
         if all_ok:
-            z = z_star if self.backward == "unroll" else self._attach(fn, tensors, z_star, z0,
-                                                                      planned)
+            z = z_star if self.backward == "unroll" else self._attach(
+                fn, tensors, z_star, z0, planned, compiled and compiled[1])
         else:  # gradients through the accepted samples only; the others are NaN
             rows = torch.nonzero(ok).flatten()
             sub = [t[ok] if i < n_in else t for i, t in enumerate(tensors)]
@@ -441,6 +457,17 @@ class EquilibriumModule(nn.Module):
             bad_in = bad if bad_in is None else bad_in | bad
         return bad_in
 
+    def _compiled_steps(self, steps: int) -> tuple[CompiledSteps, CompiledSteps] | None:
+        """The module's compiled chunks (forward, adjoint) of ``steps`` iterations, made on
+        first use inside ``torch.compile`` (own dynamo caches; not pickled); None for 0/1."""
+        if steps < 2:
+            return None
+        have = self.__dict__.get("_compiled")
+        if have is None or have[0].chunk != steps:
+            have = (CompiledSteps(steps), CompiledSteps(steps))
+            self.__dict__["_compiled"] = have
+        return have
+
     def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
         if z0 is None:
             return torch.zeros(b, self.state_size, dtype=dt, device=dev)
@@ -479,8 +506,8 @@ class EquilibriumModule(nn.Module):
         return Root(plan), (leaves if grad else [])
 
     def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
-                z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None
-                ) -> torch.Tensor:
+                z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None,
+                steps: CompiledSteps | None = None) -> torch.Tensor:
         """The backward strategy's differentiable output at ``z_star`` (detached when no
         tensor needs a gradient); ``planned``: the forward's plan and the leaves it was built
         from (the implicit backward then linearises the plan instead of ``T``)."""
@@ -489,7 +516,7 @@ class EquilibriumModule(nn.Module):
         cfg = self.config
         adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
                             cfg.on_nonconvergence, cfg.backward.adjoint,
-                            not self._batch_coupled)
+                            not self._batch_coupled, steps if planned is not None else None)
 
         def sink(st: SolverStats) -> None:
             self.last_backward_stats = st
@@ -500,12 +527,13 @@ class EquilibriumModule(nn.Module):
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
     @compile_disabled
-    def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict
-               ) -> tuple[torch.Tensor, SolverStats]:
-        """The forward solve, eager under ``torch.compile`` too: its data-dependent loop is not
-        traced, and its partially evaluated ``T`` (injections, Gram matrices computed once)
-        measured faster than a compiled step that recomputes them (docs/guide.md)."""
-        with torch.no_grad(), partial_evaluation():
+    def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
+               steps: CompiledSteps | None = None) -> tuple[torch.Tensor, SolverStats]:
+        """The forward solve.  Its data-dependent loop is never traced; under ``torch.compile``
+        (``steps`` given) plain iterations of the planned ``T`` run in compiled chunks
+        (:func:`~lowering.solvers.compiled_steps`), the injections and Gram matrices still
+        computed once per call (docs/guide.md)."""
+        with torch.no_grad(), partial_evaluation(), compiled_steps(steps):
             if self.sam is not None:
                 return sam_iterate(self, f, z0, inputs, env)
             fc = self.config.forward

@@ -16,9 +16,11 @@ NaN residual and marks that sample non-finite.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,14 +232,15 @@ class Tracker:
         self._any_nonfinite = False
         self._exact = False  # measure every residual exactly (after a failed confirmation)
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
-        self.hist: list[torch.Tensor] = []
+        self.hist: list[torch.Tensor] = []  # (B, k) blocks of residual columns
+        self._count = 0  # residual columns recorded (iterations)
         self.worst = float("inf")  # the returned iterate's worst-sample residual
         self.top = float("inf")  # the last recorded iterate's worst-sample residual
 
     @property
     def iterations(self) -> int:
         """Residuals recorded so far."""
-        return len(self.hist)
+        return self._count
 
     @property
     def best(self) -> torch.Tensor:
@@ -276,15 +279,23 @@ class Tracker:
     def nonfinite(self, m: torch.Tensor) -> None:
         self._nonfinite = m
 
-    def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None) -> bool:
-        """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it); True once
-        every sample has met ``tol`` (confirmed exactly) or become non-finite."""
+    def record(self, z: torch.Tensor, fz: torch.Tensor, d: torch.Tensor | None = None,
+               plain: torch.Tensor | None = None) -> bool:
+        """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it; ``plain``:
+        that residual ``(B, 1)`` already measured with plain norms, e.g. inside a compiled
+        chunk); True once every sample has met ``tol`` (confirmed exactly) or become
+        non-finite."""
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
-        d = fz - z if d is None else d.detach()
+        if d is not None:
+            d = d.detach()
         if self._exact:
+            d = fz - z if d is None else d
             r = self._scaled(d, fz)
+        elif plain is not None:
+            r = plain if plain.dtype == self._rdt else plain.to(self._rdt)
         else:
+            d = fz - z if d is None else d
             norm = torch.linalg.vector_norm
             dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
             r = norm(dd, dim=1, keepdim=True) / norm(ff, dim=1, keepdim=True)
@@ -298,12 +309,13 @@ class Tracker:
         if not math.isfinite(top):
             # 0/0, an overflow or a non-finite iterate: the exact form; a non-finite z, f(z) or
             # difference makes it NaN (its scale is inf/NaN) and marks the sample non-finite
-            r = self._scaled(d, fz)
+            r = self._scaled(fz - z if d is None else d, fz)
             self.nonfinite |= ~torch.isfinite(r)
             self._any_nonfinite = bool(self.nonfinite.any())
             r = r.masked_fill(self.nonfinite, float("inf"))
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
         self.hist.append(r)
+        self._count += 1
         # the latest iterate, by reference (the solvers never write into an iterate); a solve
         # that ends unconverged gets each sample's best iterate by a replay (_per_sample_best)
         self.best, self.best_fz, self.best_res, self.top, self.worst = z, fz, r, top, top
@@ -312,7 +324,7 @@ class Tracker:
         done = top <= self.tol and self._confirm()
         replay = self._replay
         if replay is not None:  # the same evolution as the first run; stop once all is kept
-            return replay.capture(len(self.hist) - 1, z, fz) or done
+            return replay.capture(self._count - 1, z, fz) or done
         return done
 
     def _scaled(self, d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
@@ -354,6 +366,14 @@ class Tracker:
     def record_residual(self, r: torch.Tensor) -> None:
         """Append a residual measured by the caller (no best-iterate bookkeeping)."""
         self.hist.append(r.detach().reshape(-1, 1).to(self.best_res.dtype))
+        self._count += 1
+
+    def record_steps(self, r: torch.Tensor) -> None:
+        """Append the ``(B, k)`` residuals of ``k`` iterations run inside one compiled call
+        (:func:`compiled_steps`); the iterate after them is recorded by :meth:`record`."""
+        if r.shape[1]:
+            self.hist.append(r if r.dtype == self._rdt else r.to(self._rdt))
+            self._count += r.shape[1]
 
     def stats(self) -> SolverStats:
         """Per-sample :class:`SolverStats` of the iterates recorded so far (the returned
@@ -465,19 +485,171 @@ def solve(f: F, z0: torch.Tensor, solver: str = "anderson", tol: float = 1e-6,
     return get_solver(solver)(f, z0, tol=tol, max_iter=max_iter, **options)
 
 
+class CompiledSteps:
+    """Plain iterations ``chunk`` at a time in one ``torch.compile``-d call of
+    :func:`_run_steps`: the evaluations of ``f`` and the residual norms of ``chunk`` iterations
+    fused, one host synchronisation per chunk.  Each instance compiles its own copy of
+    :func:`_run_steps` (a fresh code object per chunk length), so dynamo's per-function
+    recompile limit is counted per caller, not shared by every layer of a process; dynamo
+    guards on ``f``'s code and on the tensors it reads, so the next call's new plan of the same
+    layer reuses the compiled graph."""
+
+    def __init__(self, chunk: int = 8):
+        if chunk < 2:
+            raise OptionError(f"compiled chunk of {chunk} iterations: need ≥ 2",
+                              term="compiled_steps")
+        self.chunk = int(chunk)
+        #: chunk lengths tried, longest first: ``chunk`` halved down to 4 (the tail of a solve)
+        self.sizes = tuple(self.chunk >> i for i in range(self.chunk.bit_length())
+                           if self.chunk >> i >= min(4, self.chunk))
+        self._fns: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    def __call__(self, f: F, z: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        fn = self._fns.get(k)
+        if fn is None:
+            code = _run_steps.__code__.replace(co_name=f"_run_steps_{k}")
+            fn = torch.compile(types.FunctionType(code, _run_steps.__globals__, code.co_name))
+            self._fns[k] = fn
+        return fn(f, z, k)
+
+
+#: the compiled chunks plain iteration uses (None: eager steps); set by :func:`compiled_steps`
+_COMPILED: ContextVar[CompiledSteps | None] = ContextVar("convex_eq_compiled_steps",
+                                                         default=None)
+
+
+@contextlib.contextmanager
+def compiled_steps(steps: CompiledSteps | None) -> Iterator[None]:
+    """Within this context, plain iteration (``plain``, and ``auto`` while it iterates plainly)
+    runs in compiled chunks (:class:`CompiledSteps`) while the worst residual's rate predicts
+    at least a chunk more iterations, then as eager steps: the same iterates as the eager loop,
+    and the same stop unless the rate slows down inside a chunk (then a few iterations more).
+    None leaves the eager loop.  The emitted module sets it when it runs inside
+    ``torch.compile`` (docs/guide.md, torch.compile)."""
+    token = _COMPILED.set(steps)
+    try:
+        yield
+    finally:
+        _COMPILED.reset(token)
+
+
+def _run_steps(f: F, z: torch.Tensor, k: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r)`` with ``r`` the ``(B, k)``
+    plain relative residuals ``||f(z_j) − z_j|| / ||f(z_j)||`` of the ``k`` iterates, the
+    formula of :meth:`Tracker.record` (which confirms the last one exactly when it stops)."""
+    rs = []
+    for j in range(k):
+        fz = f(z)
+        norm = torch.linalg.vector_norm
+        rs.append(norm((fz - z).flatten(1), dim=1) / norm(fz.flatten(1), dim=1))
+        if j < k - 1:
+            z = fz
+    return z, fz, torch.stack(rs, 1)
+
+
+def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
+                 watch: Callable[[int], bool] | None = None) -> tuple[torch.Tensor | None, int]:
+    """``z ← f(z)`` from ``z0``, recorded into ``tr``, until every sample is done, ``max_iter``
+    evaluations, or ``watch(k)`` (asked after ``k`` evaluations) returns True; then
+    ``(f(z), k)`` (``f(z)`` None unless ``watch`` stopped it).
+
+    Inside :func:`compiled_steps` a group of ``n`` iterations (a chunk length) runs as one
+    compiled call when the worst residual's rate over the last group (or the last eager step;
+    the first two steps are eager) predicts at least ``n`` more iterations, else one eager
+    step: a group is not cut short, and the prediction mostly keeps it from running past the
+    iterate where the eager loop stops (when the rate slows down it can run up to a group
+    length past it; those iterations only move closer to the fixed point).  A replay
+    (``_per_sample_best``) runs the same schedule as eager steps, recording every iterate;
+    plain iterates do not depend on the grouping."""
+    steps = _COMPILED.get()
+    if steps is None:  # the eager loop
+        z = z0
+        for k in range(1, max_iter + 1):
+            fz = f(z)
+            if tr.record(z, fz):
+                return None, k
+            if watch is not None and watch(k):
+                return fz, k
+            z = fz
+        return None, max_iter
+    z, k = z0, 0
+    rate = math.nan  # the worst residual's factor per iteration over the last group
+    prev = math.nan  # the worst residual one iteration back (eager steps)
+    while k < max_iter:
+        need = 0.0 if math.isnan(rate) else _still_needed(tr.top, rate, tr.tol)
+        n = next((s for s in steps.sizes if s <= max_iter - k and need >= s), 1)
+        prev = tr.top
+        if n > 1 and tr._replay is None:
+            zp, fz, r = steps(f, z, n)
+            tr.record_steps(r[:, :-1])
+            done = tr.record(zp, fz, plain=r[:, -1:])
+            first = float(r[:, 0].max())
+        else:
+            first = math.nan
+            for j in range(n):
+                fz = f(z)
+                done = tr.record(z, fz)
+                if j == 0:
+                    first = tr.top
+                if done:
+                    break
+                if j < n - 1:
+                    z = fz
+        if not done:  # the rate over this group (an eager step: over that one iteration)
+            rate = _rate(tr.top, first, n - 1) if n > 1 else _rate(tr.top, prev, 1)
+        k += n
+        if done:
+            return None, k
+        if watch is not None and watch(k):
+            return fz, k
+        z = fz
+    return None, k
+
+
+def _rate(now: float, then: float, window: int) -> float:
+    """Per-iteration factor of the worst residual from ``then`` to ``now`` (NaN when unknown,
+    ≥ 1 when it did not fall)."""
+    if not (math.isfinite(now) and math.isfinite(then)) or then <= 0:
+        return math.nan
+    return (now / then) ** (1.0 / window)
+
+
+def _still_needed(now: float, rate: float, tol: float) -> float:
+    """Iterations to ``tol`` from the worst residual ``now`` at ``rate`` per iteration (inf
+    when the rate is unknown or not below 1)."""
+    if not math.isfinite(now):
+        return math.inf
+    if now <= tol:
+        return 0.0
+    if not rate < 1.0 or rate <= 0.0:
+        return math.inf
+    return math.log(tol / now) / math.log(rate)
+
+
+def _compiled_name(name: str) -> str:
+    steps = _COMPILED.get()
+    return name if steps is None else f"{name}[compiled×{steps.chunk}]"
+
+
 @register_solver("plain")
 def plain(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100,
           damping: float = 1.0) -> tuple[torch.Tensor, SolverStats]:
     """``z ← (1-λ) z + λ f(z)`` (λ = damping)."""
     if not 0 < damping <= 1:
         raise OptionError(f"damping {damping} must lie in (0, 1]", term="solver plain")
+    if damping == 1.0:
+        tr = Tracker(_compiled_name("plain"), z0, tol)
+        _plain_phase(f, z0, tr, max_iter)
+        return tr.best, tr.stats()
     tr = Tracker("plain", z0, tol)
     z = z0
     for _ in range(max_iter):
         fz = f(z)
         if tr.record(z, fz):
             break
-        z = fz if damping == 1.0 else (1 - damping) * z + damping * fz
+        z = (1 - damping) * z + damping * fz
     return tr.best, tr.stats()
 
 
@@ -601,31 +773,36 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
         raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
     if z0.shape[-1] >= AUTO_ANDERSON_STATE:
         return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
-    tr = Tracker("plain", z0, tol)
-    check, then = 0, math.nan  # the residual is compared every AUTO_WINDOW iterations
-    z = z0
-    for k in range(max_iter):
-        fz = f(z)
-        if tr.record(z, fz):
-            break
-        if k == check:
-            if k and _plain_too_slow(tr.top, then, tol, max_iter - k - 1):
-                tr.name = "plain→anderson"
-                return _anderson(f, fz, tr, max_iter - k - 1, m, beta, lam, restart)
-            check, then = k + AUTO_WINDOW, tr.top
-        z = fz
-    return tr.best, tr.stats()
+    tr = Tracker(_compiled_name("plain"), z0, tol)
+    # the worst residual is compared every AUTO_WINDOW iterations (or at the end of every
+    # compiled chunk: then over its length)
+    at = {"next": 1, "then": math.nan, "k": 0}
+
+    def watch(k: int) -> bool:
+        if k < at["next"]:
+            return False
+        if at["k"] and _plain_too_slow(tr.top, at["then"], tol, max_iter - k, k - at["k"]):
+            return True
+        at.update(next=k + AUTO_WINDOW, then=tr.top, k=k)
+        return False
+
+    fz, k = _plain_phase(f, z0, tr, max_iter, watch)
+    if fz is None:
+        return tr.best, tr.stats()
+    tr.name += "→anderson"
+    return _anderson(f, fz, tr, max_iter - k, m, beta, lam, restart)
 
 
-def _plain_too_slow(now: float, then: float, tol: float, left: int) -> bool:
-    """True when the worst residual's rate from ``then`` to ``now`` (``AUTO_WINDOW``
-    iterations apart) predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further
-    iterations to ``tol`` (a rate ≥ 1 predicts infinitely many)."""
+def _plain_too_slow(now: float, then: float, tol: float, left: int,
+                    window: int = AUTO_WINDOW) -> bool:
+    """True when the worst residual's rate from ``then`` to ``now`` (``window`` iterations
+    apart) predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further iterations to
+    ``tol`` (a rate ≥ 1 predicts infinitely many)."""
     if not (math.isfinite(now) and math.isfinite(then)) or now <= 0:
         return False  # non-finite samples are handled by the tracker; 0 is done
     if now >= then:
         return True
-    rate = (now / then) ** (1.0 / AUTO_WINDOW)
+    rate = (now / then) ** (1.0 / window)
     need = math.log(tol / now) / math.log(rate) if now > tol else 0.0
     return need > min(AUTO_PLAIN_BUDGET, left / 2)
 
