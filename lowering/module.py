@@ -320,7 +320,9 @@ class EquilibriumModule(nn.Module):
                 )
             if t.dtype != dtype:  # documented: inputs are cast to the module's dtype
                 t = t.to(dtype)
-            out[s.name] = t.reshape(t.shape[0], s.size)
+            # already flat (B, size): no reshape view (one autograd node less per call)
+            out[s.name] = t if t.ndim == 2 and t.shape[1] == s.size else \
+                t.reshape(t.shape[0], s.size)
         sizes = {k: v.shape[0] for k, v in out.items()}
         if len(set(sizes.values())) > 1:
             raise ShapeError(f"inputs have different batch sizes {sizes}", term="forward",

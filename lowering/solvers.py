@@ -51,7 +51,9 @@ class SolverStats:
     ``tol``; ``nonfinite[b]`` says sample ``b`` produced NaN/Inf (it is then not converged)."""
 
     solver: str
-    residuals: torch.Tensor  # (B, K)
+    #: ``(B, K)`` residual history, or the column blocks it is concatenated from on first read
+    #: (:attr:`residuals`; a converged solve whose history nobody reads never concatenates)
+    residuals_: torch.Tensor | tuple[torch.Tensor, ...]
     #: (B,) iterations until the sample first met tol (or K); None: computed on first access
     iterations_: torch.Tensor | None
     converged: torch.Tensor  # (B,) bool
@@ -65,6 +67,14 @@ class SolverStats:
     def __post_init__(self) -> None:
         if self.nonfinite is None:
             self.nonfinite = torch.zeros_like(self.converged)
+
+    @property
+    def residuals(self) -> torch.Tensor:
+        """``(B, K)``: the relative residual of each sample at each iteration."""
+        r = self.residuals_
+        if not isinstance(r, torch.Tensor):
+            r = self.residuals_ = r[0] if len(r) == 1 else torch.cat(r, dim=1)
+        return r
 
     @property
     def iterations(self) -> torch.Tensor:
@@ -225,6 +235,7 @@ class Tracker:
         self._replay = rep
         self._done = False  # the last record was confirmed: every sample meets tol
         self.best_fz: torch.Tensor | None = None  # f(best); replaced, never written into
+        self._best_d: torch.Tensor | None = None  # best_fz - best, when record() formed it
         #: residual dtype: the state's (float32 for float16/bfloat16)
         self._rdt = torch.float32 if z0.dtype in (torch.float16, torch.bfloat16) else z0.dtype
         self._best_res: torch.Tensor | None = None  # (B, 1), created when first needed
@@ -318,7 +329,8 @@ class Tracker:
         self._count += 1
         # the latest iterate, by reference (the solvers never write into an iterate); a solve
         # that ends unconverged gets each sample's best iterate by a replay (_per_sample_best)
-        self.best, self.best_fz, self.best_res, self.top, self.worst = z, fz, r, top, top
+        self._best, self.best_fz, self._best_res, self.top, self.worst = z, fz, r, top, top
+        self._best_d = d  # fz - z when computed here (the exact residual reuses it)
         self._confirmed = None
         self._done = False
         done = top <= self.tol and self._confirm()
@@ -338,12 +350,15 @@ class Tracker:
         if self._confirmed is None:
             if self.best_fz is None:  # nothing recorded by record(): the plain residuals
                 return self.best_res
-            fz, d = self.best_fz, self.best_fz - self._best
+            fz, d = self.best_fz, self._best_d
+            if d is None:
+                d = fz - self._best
             if fz.dtype in _LOW_PRECISION and not self._any_nonfinite:
                 dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
+                dd, ff = dd.double(), ff.double()  # exact: float32/16 squares fit in float64
                 norm = torch.linalg.vector_norm
-                den = norm(ff, dim=1, keepdim=True, dtype=torch.float64).clamp_min(1e-30)
-                r = (norm(dd, dim=1, keepdim=True, dtype=torch.float64) / den).to(self._rdt)
+                den = norm(ff, dim=1, keepdim=True).clamp_min(1e-30)
+                r = (norm(dd, dim=1, keepdim=True) / den).to(self._rdt)
             else:
                 r = self._scaled(d, fz)
                 if self._any_nonfinite:
@@ -380,7 +395,7 @@ class Tracker:
         iterates' residuals measured exactly; iteration counts computed on access)."""
         b = self._best.shape[0]
         best_res = self._returned_residual()[:, 0]
-        res = (torch.cat(self.hist, dim=1) if self.hist
+        res = (tuple(self.hist) if self.hist  # concatenated when first read
                else torch.zeros(b, 0, dtype=self._rdt, device=self._best.device))
         done = best_res <= self.tol
         if not self._any_nonfinite:

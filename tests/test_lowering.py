@@ -411,10 +411,13 @@ def test_torch_compile_matches_eager() -> None:
     g_ref = torch.autograd.grad(ref.sum(), list(m.parameters()))
     cm = torch.compile(m)
     out = cm(x)
-    close(out, ref, 1e-12)
+    # inside torch.compile the solves run in compiled chunks, which may stop a few iterations
+    # after the eager loop (docs/theory.md §8); both points have relative residual ≤ 1e-10 of
+    # a contraction of this small layer, so they agree to ~1e-9 of |z| (|z| = O(1)) on any BLAS
+    close(out, ref, 1e-8)
     g = torch.autograd.grad(out.sum(), list(m.parameters()))
     for a, b in zip(g, g_ref):
-        close(a, b, 1e-9)
+        close(a, b, 1e-7)
 
 
 def test_weight_control_keeps_the_certificate() -> None:
