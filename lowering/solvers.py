@@ -20,6 +20,7 @@ import contextlib
 import functools
 import math
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -162,6 +163,22 @@ def scaled_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
     return num / torch.maximum(den, 1e-30 / s[:, 0])
 
 
+def _extreme_scale(fz: torch.Tensor, tol: float) -> bool:
+    """True when plain norms of this state could overflow or underflow: a sample with an entry
+    beyond ``sqrt(max)/1e3`` of its dtype (its squared norm can overflow, reading a false 0
+    residual), or a nonzero sample whose largest entry is below ``10·sqrt(tiny)/tol`` (the
+    squares of a difference at relative size ``tol`` can underflow).  Checked on the first
+    iterate's image (one reduction per solve); a solve whose iterates only later reach such
+    scales still has every stop confirmed exactly (:meth:`Tracker._confirm`)."""
+    fi = torch.finfo(fz.dtype)
+    a = fz.detach().abs().flatten(1).amax(dim=1)
+    lo, hi = torch.stack(torch.aminmax(a)).tolist()  # one synchronisation
+    if lo == 0.0:  # samples at exactly 0 have no scale (their 0/0 takes the exact form)
+        nonzero = a[a > 0]
+        lo = float(nonzero.min()) if nonzero.numel() else 1.0
+    return not (lo >= 10 * fi.tiny ** 0.5 / tol and hi <= fi.max ** 0.5 / 1e3)
+
+
 def fast_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
     """``||d|| / max(||fz||, 1e-30)`` with plain norms accumulated in float64 for float32/16
     states (exact there: ``(3.4e38)² ≪ 1.8e308``); a float64 state whose norm overflows gives a
@@ -300,6 +317,8 @@ class Tracker:
             fz, z = fz.detach(), z.detach()
         if d is not None:
             d = d.detach()
+        if self._count == 0 and not self._exact and plain is None:
+            self._exact = _extreme_scale(fz, self.tol)
         if self._exact:
             d = fz - z if d is None else d
             r = self._scaled(d, fz)
@@ -518,6 +537,8 @@ class CompiledSteps:
         self.sizes = tuple(self.chunk >> i for i in range(self.chunk.bit_length())
                            if self.chunk >> i >= min(4, self.chunk))
         self._fns: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        #: the compiler failed once (the chunks run eagerly; the statistics say plain)
+        self.broken = False
 
     def __call__(self, f: F, z: torch.Tensor, k: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -526,7 +547,22 @@ class CompiledSteps:
             code = _run_steps.__code__.replace(co_name=f"_run_steps_{k}")
             fn = torch.compile(types.FunctionType(code, _run_steps.__globals__, code.co_name))
             self._fns[k] = fn
-        return fn(f, z, k)
+        try:
+            return fn(f, z, k)
+        except Exception as exc:
+            from torch._dynamo.exc import BackendCompilerFailed
+
+            if not isinstance(exc, BackendCompilerFailed):
+                raise
+            # the compiler is unusable here (no C++ compiler, a backend error): the same
+            # iterations eagerly from now on, whatever backend the caller's torch.compile used
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            warnings.warn(f"compiled chunks of plain iterations are off ({type(exc).__name__}: "
+                          f"{first}); iterating eagerly (compile_steps=0 skips the attempt)",
+                          RuntimeWarning, stacklevel=2)
+            self.broken = True
+            self._fns = dict.fromkeys(self.sizes, _run_steps)
+            return _run_steps(f, z, k)
 
 
 #: the compiled chunks plain iteration uses (None: eager steps); set by :func:`compiled_steps`
@@ -552,13 +588,15 @@ def compiled_steps(steps: CompiledSteps | None) -> Iterator[None]:
 def _run_steps(f: F, z: torch.Tensor, k: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r)`` with ``r`` the ``(B, k)``
-    plain relative residuals ``||f(z_j) − z_j|| / ||f(z_j)||`` of the ``k`` iterates, the
-    formula of :meth:`Tracker.record` (which confirms the last one exactly when it stops)."""
+    relative residuals ``||f(z_j) − z_j|| / max(||f(z_j)||, 1e-30)`` of the ``k`` iterates
+    (:func:`fast_rel_residual`; :meth:`Tracker.record` confirms the last one exactly when it
+    stops)."""
     rs = []
     for j in range(k):
         fz = f(z)
-        norm = torch.linalg.vector_norm
-        rs.append(norm((fz - z).flatten(1), dim=1) / norm(fz.flatten(1), dim=1))
+        # ||d|| / max(||fz||, 1e-30), float64 norms for float32/16 (fused into the chunk's
+        # kernel): a finite iterate never reads NaN (0/0 at an exact zero) nor overflows
+        rs.append(fast_rel_residual(fz - z, fz))
         if j < k - 1:
             z = fz
     return z, fz, torch.stack(rs, 1)
@@ -600,7 +638,8 @@ def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
             zp, fz, r = steps(f, z, n)
             tr.record_steps(r[:, :-1])
             done = tr.record(zp, fz, plain=r[:, -1:])
-            first = float(r[:, 0].max())
+            r0 = r[:, :1]  # the group's first residual, finished samples out (as tr.top)
+            first = float((r0.masked_fill(tr.nonfinite, 0.0) if tr._any_nonfinite else r0).max())
         else:
             first = math.nan
             for j in range(n):
@@ -645,7 +684,7 @@ def _still_needed(now: float, rate: float, tol: float) -> float:
 
 def _compiled_name(name: str) -> str:
     steps = _COMPILED.get()
-    return name if steps is None else f"{name}[compiled×{steps.chunk}]"
+    return name if steps is None or steps.broken else f"{name}[compiled×{steps.chunk}]"
 
 
 @register_solver("plain")
