@@ -593,8 +593,9 @@ def _run_steps(f: F, z: torch.Tensor, k: int
     rs = []
     for j in range(k):
         fz = f(z)
-        # ||d|| / max(||fz||, 1e-30) in the state's dtype (fused into one kernel; float64
-        # norms measured 1.4× slower per chunk): an exact zero reads 0, not 0/0 = NaN.  Plain
+        # ||d|| / max(||fz||, 1e-30) in the state's dtype, fused into one kernel (with float64
+        # norms the compiled module measured 1.40× the eager one fwd+bwd at B = 256, against
+        # 0.90–0.97 with these): an exact zero reads 0, not 0/0 = NaN.  Plain
         # norms could overflow only at scales where the tracker measures exactly, and then
         # _plain_phase takes eager steps
         norm = torch.linalg.vector_norm
