@@ -172,7 +172,8 @@ def _extreme_scale(fz: torch.Tensor, tol: float) -> bool:
     scales still has every stop confirmed exactly (:meth:`Tracker._confirm`)."""
     fi = torch.finfo(fz.dtype)
     a = fz.detach().abs().flatten(1).amax(dim=1)
-    lo, hi = torch.stack(torch.aminmax(a)).tolist()  # one synchronisation
+    mm = torch.aminmax(a)
+    lo, hi = float(mm.min), float(mm.max)
     if lo == 0.0:  # samples at exactly 0 have no scale (their 0/0 takes the exact form)
         nonzero = a[a > 0]
         lo = float(nonzero.min()) if nonzero.numel() else 1.0
