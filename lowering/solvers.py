@@ -643,6 +643,8 @@ def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
         prev = tr.top
         if n > 1 and tr._replay is None:
             zp, fz, r = steps(f, z, n)
+            if steps.broken:  # the compiler failed: these iterations ran eagerly
+                tr.name = tr.name.replace(f"[compiled×{steps.chunk}]", "")
             tr.record_steps(r[:, :-1])
             done = tr.record(zp, fz, plain=r[:, -1:])
             r0 = r[:, :1]  # the group's first residual, finished samples out (as tr.top)

@@ -59,6 +59,7 @@ _NO_CXX = textwrap.dedent("""
             warnings.simplefilter("always")
             out = torch.compile(m, backend="eager")(x)
     print("WARNED", any("compile_steps=0" in str(w.message) for w in seen))
+    print("SOLVER", m.last_stats.solver)
     print("MAXDIFF", float((out - ref).abs().max()))
 """)
 
@@ -68,7 +69,7 @@ def test_torch_compile_with_the_eager_backend_runs_without_a_cxx_compiler() -> N
     to C++) and ran before compiled chunks existed; the module's own ``torch.compile`` of its
     chunks (inductor, whatever backend the caller chose) then raised ``InductorError``.  With
     the compiler unusable the chunks must fall back to eager steps, saying so (a warning that
-    names the switch, ``compile_steps=0``).  Run in a subprocess:
+    names the switch, ``compile_steps=0``) and statistics that say plain.  Run in a subprocess:
     inductor caches compiler probes per process.
 
     Tolerance: the plain iterates of a 0.5-contraction at tol 1e-10, eager vs eager-fallback
@@ -79,6 +80,8 @@ def test_torch_compile_with_the_eager_backend_runs_without_a_cxx_compiler() -> N
                          env=env, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "WARNED True" in run.stdout, run.stdout
+    # the statistics say what ran: eager plain iterations, not compiled chunks
+    assert "SOLVER plain\n" in run.stdout, run.stdout
     diff = float(run.stdout.split("MAXDIFF")[1])
     assert math.isfinite(diff) and diff <= 1e-8, run.stdout
 
