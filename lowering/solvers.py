@@ -69,6 +69,11 @@ class SolverStats:
         if self.nonfinite is None:
             self.nonfinite = torch.zeros_like(self.converged)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "residuals" in state:  # pickled before the history became lazy (``residuals_``)
+            state["residuals_"] = state.pop("residuals")
+        self.__dict__.update(state)
+
     @property
     def residuals(self) -> torch.Tensor:
         """``(B, K)``: the relative residual of each sample at each iteration."""
@@ -170,14 +175,21 @@ def _extreme_scale(fz: torch.Tensor, tol: float) -> bool:
     squares of a difference at relative size ``tol`` can underflow).  Checked on the first
     iterate's image (one reduction per solve); a solve whose iterates only later reach such
     scales still has every stop confirmed exactly (:meth:`Tracker._confirm`)."""
-    fi = torch.finfo(fz.dtype)
     a = fz.detach().abs().flatten(1).amax(dim=1)
     mm = torch.aminmax(a)
     lo, hi = float(mm.min), float(mm.max)
     if lo == 0.0:  # samples at exactly 0 have no scale (their 0/0 takes the exact form)
         nonzero = a[a > 0]
         lo = float(nonzero.min()) if nonzero.numel() else 1.0
-    return not (lo >= 10 * fi.tiny ** 0.5 / tol and hi <= fi.max ** 0.5 / 1e3)
+    return not _scale_ok(lo, hi, fz.dtype, tol)
+
+
+def _scale_ok(lo: float, hi: float, dtype: torch.dtype, tol: float) -> bool:
+    """Plain norms of states whose per-sample largest entries lie in ``[lo, hi]`` can neither
+    overflow nor underflow into a false 0 (float16 norms run in float32: judged by its
+    range)."""
+    fi = torch.finfo(torch.float32 if dtype == torch.float16 else dtype)
+    return lo >= 10 * fi.tiny ** 0.5 / max(tol, fi.eps) and hi <= fi.max ** 0.5 / 1e3
 
 
 def fast_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
@@ -329,9 +341,11 @@ class Tracker:
             d = fz - z if d is None else d
             norm = torch.linalg.vector_norm
             dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
-            r = norm(dd, dim=1, keepdim=True) / norm(ff, dim=1, keepdim=True)
-            if r.dtype != self._rdt:
-                r = r.to(self._rdt)
+            if dd.dtype == self._rdt:
+                r = norm(dd, dim=1, keepdim=True) / norm(ff, dim=1, keepdim=True)
+            else:  # half precision: float32 norms (a float16 norm overflows past 65504)
+                r = (norm(dd, dim=1, keepdim=True, dtype=self._rdt)
+                     / norm(ff, dim=1, keepdim=True, dtype=self._rdt))
         if self._any_nonfinite:  # finished samples: out of the maximum
             r = r.masked_fill(self.nonfinite, float("inf"))
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
@@ -396,6 +410,7 @@ class Tracker:
             self._done = True
             return True
         self._exact = True  # the plain norms were wrong here (extreme scales): go on exactly
+        self.hist[-1], self.top = r, worst  # and the history keeps no false pass
         return False
 
     def record_residual(self, r: torch.Tensor) -> None:
@@ -537,12 +552,12 @@ class CompiledSteps:
         #: chunk lengths tried, longest first: ``chunk`` halved down to 4 (the tail of a solve)
         self.sizes = tuple(self.chunk >> i for i in range(self.chunk.bit_length())
                            if self.chunk >> i >= min(4, self.chunk))
-        self._fns: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._fns: dict[int, Callable[..., tuple[torch.Tensor, ...]]] = {}
         #: the compiler failed once (the chunks run eagerly; the statistics say plain)
         self.broken = False
 
     def __call__(self, f: F, z: torch.Tensor, k: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         fn = self._fns.get(k)
         if fn is None:
             code = _run_steps.__code__.replace(co_name=f"_run_steps_{k}")
@@ -587,24 +602,29 @@ def compiled_steps(steps: CompiledSteps | None) -> Iterator[None]:
 
 
 def _run_steps(f: F, z: torch.Tensor, k: int
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r)`` with ``r`` the ``(B, k)``
-    plain relative residuals ``||f(z_j) − z_j|| / max(||f(z_j)||, 1e-30)`` of the ``k``
-    iterates (:meth:`Tracker.record` confirms the last one exactly when it stops)."""
-    rs = []
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r, scale)`` with ``r`` the
+    ``(B, k)`` plain relative residuals ``||f(z_j) − z_j|| / max(||f(z_j)||, 1e-30)`` of the
+    ``k`` iterates (:meth:`Tracker.record` confirms the last one exactly when it stops) and
+    ``scale = (lo, hi)``: over the chunk's images, the smallest nonzero and the largest
+    per-sample largest entry (``_scale_ok`` tells whether those plain norms could have
+    overflowed or underflowed)."""
+    rs, los, his = [], [], []
     for j in range(k):
         fz = f(z)
+        ff = fz.flatten(1)
         # ||d|| / max(||fz||, 1e-30) in the state's dtype, fused into one kernel (with float64
         # norms the compiled module measured 1.40× the eager one fwd+bwd at B = 256, against
-        # 0.90–0.97 with these): an exact zero reads 0, not 0/0 = NaN.  Plain
-        # norms could overflow only at scales where the tracker measures exactly, and then
-        # _plain_phase takes eager steps
+        # 0.90–0.97 with these): an exact zero reads 0, not 0/0 = NaN
         norm = torch.linalg.vector_norm
-        rs.append(norm((fz - z).flatten(1), dim=1)
-                  / norm(fz.flatten(1), dim=1).clamp_min(1e-30))
+        rs.append(norm((fz - z).flatten(1), dim=1) / norm(ff, dim=1).clamp_min(1e-30))
+        a = ff.abs().amax(dim=1)
+        his.append(a.max())
+        los.append(torch.where(a > 0, a, torch.full_like(a, math.inf)).min())
         if j < k - 1:
             z = fz
-    return z, fz, torch.stack(rs, 1)
+    scale = torch.stack([torch.stack(los).min(), torch.stack(his).max()])
+    return z, fz, torch.stack(rs, 1), scale
 
 
 def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
@@ -641,10 +661,17 @@ def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
         need = 0.0 if math.isnan(rate) or tr._exact else _still_needed(tr.top, rate, tr.tol)
         n = next((s for s in steps.sizes if s <= max_iter - k and need >= s), 1)
         prev = tr.top
-        if n > 1 and tr._replay is None:
-            zp, fz, r = steps(f, z, n)
+        chunked = n > 1 and tr._replay is None
+        if chunked:
+            zp, fz, r, scale = steps(f, z, n)
             if steps.broken:  # the compiler failed: these iterations ran eagerly
                 tr.name = tr.name.replace(f"[compiled×{steps.chunk}]", "")
+            lo, hi = scale.tolist()
+            if not _scale_ok(1.0 if math.isinf(lo) else lo, hi, fz.dtype, tr.tol):
+                # the chunk's plain norms may have overflowed or underflowed into a false 0:
+                # measure exactly from here, these iterations again as eager steps
+                tr._exact, chunked = True, False
+        if chunked:
             tr.record_steps(r[:, :-1])
             done = tr.record(zp, fz, plain=r[:, -1:])
             r0 = r[:, :1]  # the group's first residual, finished samples out (as tr.top)
