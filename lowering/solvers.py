@@ -606,25 +606,27 @@ def _run_steps(f: F, z: torch.Tensor, k: int
     """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r, scale)`` with ``r`` the
     ``(B, k)`` plain relative residuals ``||f(z_j) − z_j|| / max(||f(z_j)||, 1e-30)`` of the
     ``k`` iterates (:meth:`Tracker.record` confirms the last one exactly when it stops) and
-    ``scale = (lo, hi)``: over the chunk's images, the smallest nonzero and the largest
-    per-sample largest entry (``_scale_ok`` tells whether those plain norms could have
-    overflowed or underflowed)."""
-    rs, los, his = [], [], []
+    ``scale = (lo, hi)``: the smallest nonzero and the largest ``||f(z_j)||`` over the chunk
+    (NaN samples left out; ``_scale_ok`` tells whether plain norms at those sizes could have
+    overflowed or underflowed into a false 0)."""
+    rs, nfs = [], []
     for j in range(k):
         fz = f(z)
-        ff = fz.flatten(1)
         # ||d|| / max(||fz||, 1e-30) in the state's dtype, fused into one kernel (with float64
         # norms the compiled module measured 1.40× the eager one fwd+bwd at B = 256, against
         # 0.90–0.97 with these): an exact zero reads 0, not 0/0 = NaN
         norm = torch.linalg.vector_norm
-        rs.append(norm((fz - z).flatten(1), dim=1) / norm(ff, dim=1).clamp_min(1e-30))
-        a = ff.abs().amax(dim=1)
-        his.append(a.max())
-        los.append(torch.where(a > 0, a, torch.full_like(a, math.inf)).min())
+        nf = norm(fz.flatten(1), dim=1)
+        rs.append(norm((fz - z).flatten(1), dim=1) / nf.clamp_min(1e-30))
+        nfs.append(nf)
         if j < k - 1:
             z = fz
-    scale = torch.stack([torch.stack(los).min(), torch.stack(his).max()])
-    return z, fz, torch.stack(rs, 1), scale
+    # the sizes from the norms already formed (a reduction over (B, k), not over the states:
+    # a per-step max|f(z)| measured compiled/eager 1.04 instead of 0.94 at B = 256)
+    nfb = torch.stack(nfs, 1)
+    lo = torch.where(nfb > 0, nfb, torch.full_like(nfb, math.inf)).min()
+    hi = torch.where(torch.isnan(nfb), torch.zeros_like(nfb), nfb).max()
+    return z, fz, torch.stack(rs, 1), torch.stack([lo, hi])
 
 
 def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
