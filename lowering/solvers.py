@@ -48,8 +48,10 @@ class SolverStats:
     """Per-sample solver statistics.
 
     ``residuals[b, k]`` is the relative residual measured at iteration ``k`` (NaN where the
-    iterate was not finite); ``converged[b]`` says the returned iterate of sample ``b`` meets
-    ``tol``; ``nonfinite[b]`` says sample ``b`` produced NaN/Inf (it is then not converged)."""
+    iterate was not finite, or, inside a compiled chunk whose plain norms over- or
+    underflowed, where it is not known); ``converged[b]`` says the returned iterate of
+    sample ``b`` meets ``tol``; ``nonfinite[b]`` says sample ``b`` produced NaN/Inf (it is
+    then not converged)."""
 
     solver: str
     #: ``(B, K)`` residual history, or the column blocks it is concatenated from on first read
@@ -272,6 +274,7 @@ class Tracker:
         self._nonfinite: torch.Tensor | None = None  # (B, 1) bool, created when first needed
         self._any_nonfinite = False
         self._exact = False  # measure every residual exactly (after a failed confirmation)
+        self._plain_failed = False  # the last record's plain residual came out non-finite
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
         self.hist: list[torch.Tensor] = []  # (B, k) blocks of residual columns
         self._count = 0  # residual columns recorded (iterations)
@@ -351,7 +354,8 @@ class Tracker:
             top = float(r.masked_fill(self.nonfinite, 0.0).max())
         else:
             top = float(r.max())  # the one host synchronisation
-        if not math.isfinite(top):
+        self._plain_failed = not math.isfinite(top)
+        if self._plain_failed:
             # 0/0, an overflow or a non-finite iterate: the exact form; a non-finite z, f(z) or
             # difference makes it NaN (its scale is inf/NaN) and marks the sample non-finite
             r = self._scaled(fz - z if d is None else d, fz)
@@ -417,6 +421,13 @@ class Tracker:
         """Append a residual measured by the caller (no best-iterate bookkeeping)."""
         self.hist.append(r.detach().reshape(-1, 1).to(self.best_res.dtype))
         self._count += 1
+
+    def unknown_steps(self, k: int, rows: torch.Tensor) -> None:
+        """Mark the ``k`` residuals of samples ``rows`` recorded by the last
+        :meth:`record_steps` as not known (NaN: never read as a pass)."""
+        if k:
+            i = len(self.hist) - 2  # the block before the column record() appended
+            self.hist[i] = self.hist[i].masked_fill(rows[:, None], math.nan)
 
     def record_steps(self, r: torch.Tensor) -> None:
         """Append the ``(B, k)`` residuals of ``k`` iterations run inside one compiled call
@@ -557,7 +568,7 @@ class CompiledSteps:
         self.broken = False
 
     def __call__(self, f: F, z: torch.Tensor, k: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         fn = self._fns.get(k)
         if fn is None:
             code = _run_steps.__code__.replace(co_name=f"_run_steps_{k}")
@@ -602,31 +613,22 @@ def compiled_steps(steps: CompiledSteps | None) -> Iterator[None]:
 
 
 def _run_steps(f: F, z: torch.Tensor, k: int
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r, scale)`` with ``r`` the
-    ``(B, k)`` plain relative residuals ``||f(z_j) − z_j|| / max(||f(z_j)||, 1e-30)`` of the
-    ``k`` iterates (:meth:`Tracker.record` confirms the last one exactly when it stops) and
-    ``scale = (lo, hi)``: the smallest nonzero and the largest ``||f(z_j)||`` over the chunk
-    (NaN samples left out; ``_scale_ok`` tells whether plain norms at those sizes could have
-    overflowed or underflowed into a false 0)."""
-    rs, nfs = [], []
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``k`` plain iterations from ``z``: ``(z_{k−1}, f(z_{k−1}), r)`` with ``r`` the ``(B, k)``
+    plain relative residuals ``||f(z_j) − z_j|| / max(||f(z_j)||, 1e-30)`` of the ``k``
+    iterates (:meth:`Tracker.record` confirms the last one exactly when it stops)."""
+    rs = []
     for j in range(k):
         fz = f(z)
         # ||d|| / max(||fz||, 1e-30) in the state's dtype, fused into one kernel (with float64
         # norms the compiled module measured 1.40× the eager one fwd+bwd at B = 256, against
         # 0.90–0.97 with these): an exact zero reads 0, not 0/0 = NaN
         norm = torch.linalg.vector_norm
-        nf = norm(fz.flatten(1), dim=1)
-        rs.append(norm((fz - z).flatten(1), dim=1) / nf.clamp_min(1e-30))
-        nfs.append(nf)
+        rs.append(norm((fz - z).flatten(1), dim=1)
+                  / norm(fz.flatten(1), dim=1).clamp_min(1e-30))
         if j < k - 1:
             z = fz
-    # the sizes from the norms already formed (a reduction over (B, k), not over the states:
-    # a per-step max|f(z)| measured compiled/eager 1.04 instead of 0.94 at B = 256)
-    nfb = torch.stack(nfs, 1)
-    lo = torch.where(nfb > 0, nfb, torch.full_like(nfb, math.inf)).min()
-    hi = torch.where(torch.isnan(nfb), torch.zeros_like(nfb), nfb).max()
-    return z, fz, torch.stack(rs, 1), torch.stack([lo, hi])
+    return z, fz, torch.stack(rs, 1)
 
 
 def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
@@ -663,19 +665,22 @@ def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
         need = 0.0 if math.isnan(rate) or tr._exact else _still_needed(tr.top, rate, tr.tol)
         n = next((s for s in steps.sizes if s <= max_iter - k and need >= s), 1)
         prev = tr.top
-        chunked = n > 1 and tr._replay is None
-        if chunked:
-            zp, fz, r, scale = steps(f, z, n)
+        if n > 1 and tr._replay is None:
+            zp, fz, r = steps(f, z, n)
             if steps.broken:  # the compiler failed: these iterations ran eagerly
                 tr.name = tr.name.replace(f"[compiled×{steps.chunk}]", "")
-            lo, hi = scale.tolist()
-            if not _scale_ok(1.0 if math.isinf(lo) else lo, hi, fz.dtype, tr.tol):
-                # the chunk's plain norms may have overflowed or underflowed into a false 0:
-                # measure exactly from here, these iterations again as eager steps
-                tr._exact, chunked = True, False
-        if chunked:
             tr.record_steps(r[:, :-1])
+            exact = tr._exact
             done = tr.record(zp, fz, plain=r[:, -1:])
+            refused = tr._exact and not exact
+            if refused or tr._plain_failed:
+                # plain norms over- or underflowed at the chunk's end (a non-finite plain
+                # residual, or a false pass the exact residual refused): the same samples'
+                # inner residuals may hold a false 0, so they are not known
+                bad = ~torch.isfinite(r[:, -1])
+                if refused:
+                    bad |= tr.best_res[:, 0] > tr.tol
+                tr.unknown_steps(n - 1, bad)
             r0 = r[:, :1]  # the group's first residual, finished samples out (as tr.top)
             first = float((r0.masked_fill(tr.nonfinite, 0.0) if tr._any_nonfinite else r0).max())
         else:
