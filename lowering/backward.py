@@ -126,7 +126,7 @@ def get_backward(name: str) -> BackwardStrategy:
 
 # ----------------------------------------------------------------------------- adjoint solves
 def _report(stats: SolverStats, cfg: AdjointConfig, what: str) -> None:
-    if bool(stats.converged.all()):
+    if stats.all_converged or bool(stats.converged.all()):  # the solver's word: no sync
         return
     idx = stats.failed_indices
     shown = ", ".join(map(str, idx[:10])) + (", …" if len(idx) > 10 else "")
@@ -309,6 +309,8 @@ class _ImplicitFixedPoint(torch.autograd.Function):
                 *tensors: torch.Tensor) -> torch.Tensor:
         out = z_star.clone()
         ctx.problem = problem
+        # the output is saved (not z_star): in a second-order backward its dependence on θ is
+        # again this implicit function
         ctx.save_for_backward(out, *tensors)
         return out
 

@@ -412,7 +412,7 @@ class EquilibriumModule(nn.Module):
             if planned is None:  # only a plan's T is compiled
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
-                                        compiled and compiled[0])
+                                        compiled and compiled[0], planned is not None)
         ok, all_ok = self._judge(stats, bad_in)
         if all_ok:
             z = z_star if self.backward == "unroll" else self._attach(
@@ -444,9 +444,11 @@ class EquilibriumModule(nn.Module):
         to be left out of the solve; None when every input is finite (one reduction each)."""
         bad_in = None
         for name, t in inputs.items():
-            # the common case, one reduction: a finite sum means finite entries (an inf or NaN
-            # makes the sum inf or NaN); only an overflowing sum needs the entrywise test
-            if math.isfinite(float(t.detach().sum())) or bool(torch.isfinite(t).all()):
+            # the common case, one reduction: a finite norm means finite entries (an inf or NaN
+            # makes it inf or NaN); only an overflowing norm needs the entrywise test.  (The
+            # norm kernel is the one the solver's residuals use: already in the caches.)
+            if math.isfinite(float(torch.linalg.vector_norm(t.detach()))) \
+                    or bool(torch.isfinite(t).all()):
                 continue
             bad = ~torch.isfinite(t).all(dim=1)
             if self.on_nonconvergence != "mask":
@@ -530,16 +532,23 @@ class EquilibriumModule(nn.Module):
 
     @compile_disabled
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
-               steps: CompiledSteps | None = None) -> tuple[torch.Tensor, SolverStats]:
+               steps: CompiledSteps | None = None, planned: bool = False
+               ) -> tuple[torch.Tensor, SolverStats]:
         """The forward solve.  Its data-dependent loop is never traced; under ``torch.compile``
         (``steps`` given) plain iterations of the planned ``T`` run in compiled chunks
         (:func:`~lowering.solvers.compiled_steps`), the injections and Gram matrices still
-        computed once per call (docs/guide.md)."""
-        with torch.no_grad(), partial_evaluation(), compiled_steps(steps):
+        computed once per call (docs/guide.md).  ``planned``: ``f`` is a plan's evaluation,
+        whose state-free parts are computed already (no partial evaluation needed)."""
+        with torch.no_grad(), compiled_steps(steps):
             if self.sam is not None:
-                return sam_iterate(self, f, z0, inputs, env)
+                with partial_evaluation():
+                    return sam_iterate(self, f, z0, inputs, env)
             fc = self.config.forward
-            return get_solver(fc.solver)(f, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)
+            solver = get_solver(fc.solver)
+            if planned:
+                return solver(f, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)
+            with partial_evaluation():
+                return solver(f, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)
 
     def _unroll(self, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
         """``K`` plain iterations with autograd; the returned point is the last iterate."""

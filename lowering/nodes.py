@@ -7,8 +7,7 @@ A node evaluates on ``Z`` (dict block name → flat batched tensor, plus the inp
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -30,18 +29,21 @@ _PARTIAL: ContextVar[dict[Any, Any] | None] = ContextVar("convex_eq_partial_eval
                                                          default=None)
 
 
-@contextmanager
-def partial_evaluation() -> Iterator[None]:
+class partial_evaluation:  # lower case: used like the function it was
     """Within the block, ``T`` computes the state-independent parts of its arguments (e.g. the
     injection ``U x + b``, the Gram matrix ``AᵀA`` of a ``½||Az||²`` term) once instead of at
     every evaluation.  For repeated evaluations with the same inputs and weights: a forward
     solve (no autograd), or the single differentiable evaluation the implicit backward
-    differentiates (the cached parts then carry their gradients)."""
-    tok = _PARTIAL.set({})
-    try:
-        yield
-    finally:
-        _PARTIAL.reset(tok)
+    differentiates (the cached parts then carry their gradients).  Each entry starts an empty
+    cache."""
+
+    __slots__ = ("token",)
+
+    def __enter__(self) -> None:
+        self.token = _PARTIAL.set({})
+
+    def __exit__(self, *exc: object) -> None:
+        _PARTIAL.reset(self.token)
 
 
 def eval_arg(a: Affine, vals: Z_t, env: Env | None) -> torch.Tensor:

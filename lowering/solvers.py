@@ -16,12 +16,11 @@ NaN residual and marks that sample non-finite.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -333,8 +332,7 @@ class Tracker:
             fz, z = fz.detach(), z.detach()
         if d is not None:
             d = d.detach()
-        if self._count == 0 and not self._exact and plain is None:
-            self._exact = _extreme_scale(fz, self.tol)
+        top = None
         if self._exact:
             d = fz - z if d is None else d
             r = self._scaled(d, fz)
@@ -345,15 +343,21 @@ class Tracker:
             norm = torch.linalg.vector_norm
             dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
             if dd.dtype == self._rdt:
-                r = norm(dd, dim=1, keepdim=True) / norm(ff, dim=1, keepdim=True)
+                den = norm(ff, dim=1, keepdim=True)
+                r = norm(dd, dim=1, keepdim=True) / den
             else:  # half precision: float32 norms (a float16 norm overflows past 65504)
-                r = (norm(dd, dim=1, keepdim=True, dtype=self._rdt)
-                     / norm(ff, dim=1, keepdim=True, dtype=self._rdt))
-        if self._any_nonfinite:  # finished samples: out of the maximum
-            r = r.masked_fill(self.nonfinite, float("inf"))
-            top = float(r.masked_fill(self.nonfinite, 0.0).max())
-        else:
-            top = float(r.max())  # the one host synchronisation
+                den = norm(ff, dim=1, keepdim=True, dtype=self._rdt)
+                r = norm(dd, dim=1, keepdim=True, dtype=self._rdt) / den
+            if self._count == 0:  # the scale check, in the same synchronisation as the stop
+                top = self._first_scale(r, den, fz)
+                if self._exact:
+                    r, top = self._scaled(d, fz), None
+        if top is None:
+            if self._any_nonfinite:  # finished samples: out of the maximum
+                r = r.masked_fill(self.nonfinite, float("inf"))
+                top = float(r.masked_fill(self.nonfinite, 0.0).max())
+            else:
+                top = float(r.max())  # the one host synchronisation
         self._plain_failed = not math.isfinite(top)
         if self._plain_failed:
             # 0/0, an overflow or a non-finite iterate: the exact form; a non-finite z, f(z) or
@@ -377,6 +381,21 @@ class Tracker:
             return replay.capture(self._count - 1, z, fz) or done
         return done
 
+    def _first_scale(self, r: torch.Tensor, den: torch.Tensor, fz: torch.Tensor) -> float:
+        """The first record's worst residual, and whether plain norms are safe at this scale
+        (else ``_exact``): the plain norms ``den = ||fz||`` bound
+        each sample's largest entry, ``den/√N ≤ max|fz_i| ≤ den`` (``den`` can only fall short
+        of the true norm, by underflow), so ``[min den / (2√N), max den]`` inside the safe
+        range (:func:`_scale_ok`; 2: round-off margin) proves :func:`_extreme_scale` False.
+        Anything else — a zero or non-finite ``den``, a scale near the edges — takes the
+        exact check.  (Three reads of 0-d reductions: on this CPU, after other work had evicted
+        the caches, cheaper than stacking them into one read.)"""
+        top, hi, lo = float(r.max()), float(den.max()), float(den.min())
+        n = fz[0].numel()
+        if not _scale_ok(lo / (2.0 * math.sqrt(max(n, 1))), hi, fz.dtype, self.tol):
+            self._exact = _extreme_scale(fz, self.tol)
+        return top
+
     def _scaled(self, d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
         return scaled_rel_residual(d, fz)[:, None].to(self._rdt)
 
@@ -393,10 +412,10 @@ class Tracker:
                 d = fz - self._best
             if fz.dtype in _LOW_PRECISION and not self._any_nonfinite:
                 dd, ff = (d, fz) if fz.ndim == 2 else (d.flatten(1), fz.flatten(1))
-                dd, ff = dd.double(), ff.double()  # exact: float32/16 squares fit in float64
-                norm = torch.linalg.vector_norm
-                den = norm(ff, dim=1, keepdim=True).clamp_min(1e-30)
-                r = (norm(dd, dim=1, keepdim=True) / den).to(self._rdt)
+                # exact: float32/16 squares fit in float64 (norms accumulated there)
+                norm, f64 = torch.linalg.vector_norm, torch.float64
+                den = norm(ff, dim=1, keepdim=True, dtype=f64).clamp_min(1e-30)
+                r = (norm(dd, dim=1, keepdim=True, dtype=f64) / den).to(self._rdt)
             else:
                 r = self._scaled(d, fz)
                 if self._any_nonfinite:
@@ -597,19 +616,29 @@ _COMPILED: ContextVar[CompiledSteps | None] = ContextVar("convex_eq_compiled_ste
                                                          default=None)
 
 
-@contextlib.contextmanager
-def compiled_steps(steps: CompiledSteps | None) -> Iterator[None]:
+class compiled_steps:  # lower case: used like the function it was
     """Within this context, plain iteration (``plain``, and ``auto`` while it iterates plainly)
     runs in compiled chunks (:class:`CompiledSteps`) while the worst residual's rate predicts
     at least a chunk more iterations, then as eager steps: the same iterates as the eager loop,
     and the same stop unless the rate slows down inside a chunk (then a few iterations more).
     None leaves the eager loop.  The emitted module sets it when it runs inside
-    ``torch.compile`` (docs/guide.md, torch.compile)."""
-    token = _COMPILED.set(steps)
-    try:
-        yield
-    finally:
-        _COMPILED.reset(token)
+    ``torch.compile`` (docs/guide.md, torch.compile).  (A small class rather than a generator:
+    entered on every solve, and a no-op when the setting is already ``steps``.)"""
+
+    __slots__ = ("steps", "token")
+
+    def __init__(self, steps: CompiledSteps | None):
+        self.steps = steps
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        if _COMPILED.get() is not self.steps:
+            self.token = _COMPILED.set(self.steps)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            _COMPILED.reset(self.token)
+            self.token = None
 
 
 def _run_steps(f: F, z: torch.Tensor, k: int
