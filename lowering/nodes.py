@@ -130,7 +130,8 @@ class Sigma(Node):
         if inner is None:
             return None
         df = self.act.sigma_prime if getattr(self.act, "has_sigma_prime", False) else None
-        return pl.Elementwise(self.act.torch_sigma, inner, df)
+        return pl.Elementwise(self.act.torch_sigma, inner, df,
+                              f_inplace=getattr(self.act, "torch_sigma_", None))
 
     def lip(self, env: Env | None) -> float:
         return self.act.lipschitz * self.inner.lip(env)

@@ -312,14 +312,20 @@ class Elementwise:
 
     def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], inner: Plan,
                  df: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 has_params: bool = False):
+                 has_params: bool = False,
+                 f_inplace: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.f, self.inner, self.df = f, inner, df
         #: ``f`` reads weights or scalars (a prox with a coefficient): no closed-form param_vjp
         self.has_params = has_params
         self._point: tuple[torch.Tensor, torch.Tensor] | None = None  # (z, f'(inner(z)))
         inner_fn = getattr(inner, "fn", inner)
-        #: the evaluation as one flat function (fewer Python frames per solver iteration)
-        self.fn = lambda z: f(inner_fn(z))
+        #: the evaluation as one flat function (fewer Python frames per solver iteration); in
+        #: place (``f_inplace``) only on an inner value that is a new tensor at every call
+        #: (a fused ``c + zM``), never on one that may alias ``z`` or a stored tensor
+        if f_inplace is not None and getattr(inner, "fresh_output", False):
+            self.fn = lambda z: f_inplace(inner_fn(z))
+        else:
+            self.fn = lambda z: f(inner_fn(z))
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.fn(z)
@@ -376,6 +382,8 @@ class Sum:
         self.parts = parts
         self._fast = _affine_matrix_fast(parts)
         self.fn = self._fast if self._fast is not None else self.__call__
+        #: every evaluation returns a new tensor (the fused ``addmm``): safe to overwrite
+        self.fresh_output = self._fast is not None
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         if self._fast is not None:

@@ -114,8 +114,8 @@ def test_a_wrong_elementwise_derivative_is_caught(monkeypatch: pytest.MonkeyPatc
     """The check above can fail: with σ' replaced by 1 (a plausible slip) the Jᵀ error is O(1)."""
     orig = pl.Elementwise.__init__
 
-    def broken(self, f, inner, df=None):
-        orig(self, f, inner, lambda p: torch.ones_like(p))
+    def broken(self, f, inner, df=None, **kw):
+        orig(self, f, inner, lambda p: torch.ones_like(p), **kw)
 
     monkeypatch.setattr(pl.Elementwise, "__init__", broken)
     mod = _module(PLANNED["opteq-relu"]())

@@ -107,6 +107,13 @@ class Activation:
         return self.sigma
 
     @property
+    def torch_sigma_(self) -> Any:
+        """``σ`` applied in place to a tensor (the torch op, e.g. ``torch.relu_``), or None:
+        the solvers apply it to a pre-activation they have just formed, saving one allocation
+        per iteration."""
+        return None
+
+    @property
     def has_sigma_prime(self) -> bool:
         """True if this activation gives ``σ'`` in closed form (:meth:`sigma_prime`)."""
         return type(self).sigma_prime is not Activation.sigma_prime

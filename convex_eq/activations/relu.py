@@ -29,6 +29,11 @@ class ReLU(Activation):
         """``torch.relu``."""
         return torch.relu
 
+    @property
+    def torch_sigma_(self) -> Any:
+        """``torch.relu_``."""
+        return torch.relu_
+
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = max(t, 0)``."""
         return torch.relu(nm.as_tensor(t))
