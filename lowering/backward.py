@@ -145,10 +145,10 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
                         ) -> torch.Tensor:
     """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver."""
     solver = get_solver(cfg.solver)
-    plus = getattr(apply, "plus", None)  # a plan's Jᵀ fuses the affine step (addmm)
-    with torch.no_grad(), compiled_steps(cfg.compiled_steps if plus is not None else None):
-        y, st = solver((lambda y: plus(y, rhs)) if plus is not None else
-                       (lambda y: apply(y) + rhs), rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+    plus_fn = getattr(apply, "plus_fn", None)  # a plan's Jᵀ fuses the affine step (addmm)
+    with torch.no_grad(), compiled_steps(cfg.compiled_steps if plus_fn is not None else None):
+        y, st = solver(plus_fn(rhs) if plus_fn is not None else (lambda y: apply(y) + rhs),
+                       rhs, tol=cfg.tol, max_iter=cfg.max_iter)
     if sink is not None:
         sink(st)
     _report(st, cfg, what)

@@ -34,6 +34,17 @@ class Transpose:
         """``Jᵀv + b``."""
         return self(v) + b
 
+    def plus_fn(self, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``v ↦ Jᵀv + b`` as one closure (what an adjoint solve iterates; types that can fuse
+        it into one torch call override this)."""
+        return lambda v: self.plus(v, b)
+
+    def scaled_plus_fn(self, d: torch.Tensor, b: torch.Tensor
+                       ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``v ↦ Jᵀ(d ⊙ v) + b`` as one closure."""
+        step = self.plus_fn(b)
+        return lambda v: step(d * v)
+
     def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
         """The per-sample matrices ``L_b`` with ``(Jᵀv)_b = L_b v_b`` (column vectors), shaped
         ``(B, N, N)`` or ``(1, N, N)`` when shared, for a direct adjoint solve; None when this
@@ -75,6 +86,19 @@ class MatrixT(Transpose):
             return torch.addmm(b, v, self.mt)
         return v @ self.mt + b
 
+    def plus_fn(self, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        if b.ndim != 2:  # the iterates have b's shape
+            return super().plus_fn(b)
+        mt = self.mt
+        return lambda v: torch.addmm(b, v, mt)
+
+    def scaled_plus_fn(self, d: torch.Tensor, b: torch.Tensor
+                       ) -> Callable[[torch.Tensor], torch.Tensor]:
+        if b.ndim != 2:
+            return super().scaled_plus_fn(d, b)
+        mt = self.mt
+        return lambda v: torch.addmm(b, d * v, mt)
+
     def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
         return self.mt.T[None]  # rows v ↦ v·mt are columns v ↦ mtᵀ·v
 
@@ -100,6 +124,9 @@ class DiagonalThenT(Transpose):
 
     def plus(self, v: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.inner.plus(self.d * v, b)
+
+    def plus_fn(self, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.inner.scaled_plus_fn(self.d, b)
 
     def blocks(self, like: torch.Tensor) -> torch.Tensor | None:
         inner = self.inner.blocks(like)
@@ -319,10 +346,17 @@ class Elementwise:
         self.has_params = has_params
         self._point: tuple[torch.Tensor, torch.Tensor] | None = None  # (z, f'(inner(z)))
         inner_fn = getattr(inner, "fn", inner)
+        #: the output has the state's shape ``(B, N)`` whenever the inner value has
+        self.batch_shaped = getattr(inner, "batch_shaped", False)
         #: the evaluation as one flat function (fewer Python frames per solver iteration); in
         #: place (``f_inplace``) only on an inner value that is a new tensor at every call
         #: (a fused ``c + zM``), never on one that may alias ``z`` or a stored tensor
-        if f_inplace is not None and getattr(inner, "fresh_output", False):
+        affine = getattr(inner, "affine", None)
+        if affine is not None:  # σ(c + zM) in one frame
+            c, m = affine
+            act = f_inplace if f_inplace is not None else f
+            self.fn = lambda z: act(torch.addmm(c, z, m))
+        elif f_inplace is not None and getattr(inner, "fresh_output", False):
             self.fn = lambda z: f_inplace(inner_fn(z))
         else:
             self.fn = lambda z: f(inner_fn(z))
@@ -359,6 +393,12 @@ class Elementwise:
         return self.inner.param_vjp(z, d * g)
 
 
+def _affine_parts(parts: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(c, M)`` of a sum that :func:`_affine_matrix_fast` fused."""
+    (_, a), (_, b) = parts
+    return (a.c, b.m) if isinstance(a, Constant) else (b.c, a.m)
+
+
 def _affine_matrix_fast(parts: list[Any]) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """``z ↦ c + zM`` as one fused ``addmm`` when the sum is exactly a constant and a matrix
     (the canonical OptEq pre-activation ``q + WᵀWz``)."""
@@ -384,6 +424,9 @@ class Sum:
         self.fn = self._fast if self._fast is not None else self.__call__
         #: every evaluation returns a new tensor (the fused ``addmm``): safe to overwrite
         self.fresh_output = self._fast is not None
+        #: ``(c, M)`` of the fused ``c + zM`` (None otherwise), whose value is ``(B, N)``
+        self.affine = _affine_parts(parts) if self._fast is not None else None
+        self.batch_shaped = self._fast is not None
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         if self._fast is not None:
@@ -462,8 +505,9 @@ class Root:
             out = inner_fn(z)
             return out if out.shape == z.shape else out.expand_as(z).contiguous()
 
-        #: the evaluation as one flat function (what the solvers iterate)
-        self.fn = fn
+        #: the evaluation as one flat function (what the solvers iterate); the plan's own when
+        #: its value always has the state's shape (no broadcast to check)
+        self.fn = inner_fn if getattr(plan, "batch_shaped", False) else fn
 
     @staticmethod
     def _shape(out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
