@@ -56,17 +56,23 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": None if worst is None else worst <= TARGETS["overhead"]})
     lim = res.get("limit", {}).get("rows", [])
     if lim:
-        wd = max(r["ratio_default"] for r in lim)
-        wb = max(r["ratio_best"] for r in lim)
-        w256 = max((r["ratio_best"] for r in lim if r["batch"] == 256), default=None)
-        d256 = max((r["ratio_default"] for r in lim if r["batch"] == 256), default=None)
-        out.append({"target": "module ≤ 1.10× the fastest hand loop in every (m, B) cell "
-                    "(fwd+bwd, worst cell; module's default solver auto / its better solver)",
-                    "measured": f"{_x(wd)} / {_x(wb)}", "met": wd <= 1.10})
-        if w256 is not None and d256 is not None:
-            out.append({"target": "module ≤ 1.05× the fastest hand loop at B = 256 (default "
-                        "solver / better solver)", "measured": f"{_x(d256)} / {_x(w256)}",
-                        "met": d256 <= 1.05})
+        def worst(key: str, batch: int | None = None) -> float | None:
+            vals = [r[key] for r in lim if key in r and (batch is None or r["batch"] == batch)]
+            return max(vals) if vals else None
+
+        for batch, bound, what in ((None, 1.10, "in every (m, B) cell"),
+                                   (256, 1.05, "at B = 256")):
+            pd, pb = worst("ratio_paired", batch), worst("ratio_paired_best", batch)
+            md, mb = worst("ratio_default", batch), worst("ratio_best", batch)
+            if md is None:
+                continue
+            judged = pd if pd is not None else md
+            out.append({"target": f"module ≤ {bound:.2f}× the fastest hand loop {what} "
+                        "(fwd+bwd, worst cell; paired ratio, default solver auto / better "
+                        "solver; ratio of medians after it)",
+                        "measured": (f"paired {_x(pd)} / {_x(pb)}; medians " if pd is not None
+                                     else "medians ") + f"{_x(md)} / {_x(mb)}",
+                        "met": judged <= bound})
     comp = res.get("limit", {}).get("compile")
     if comp:
         out.append({"target": f"torch.compile(module) faster than eager (fwd+bwd, m = "
@@ -187,16 +193,21 @@ def _limit(lim: dict[str, Any]) -> list[str]:
         rows.append([r["m"], r["batch"], _ms(t["module-auto"]), _ms(t["module-anderson"]),
                      _ms(t["module-plain"]), _ms(t["hand-anderson"]), _ms(t["hand-plain"]),
                      _x(r["ratio_default"]), _x(r["ratio_best"]),
+                     _x(r.get("ratio_paired")), _x(r.get("ratio_paired_best")),
                      _e(max(v for k, v in r["rel_diff_vs_hand_plain"].items()))])
     return ["## 2b. Module vs the fastest hand loop (m × B grid)", "",
             "`relu(WᵀWz + q)`, W ∈ R^{m×64}, ‖W‖₂ = 0.9, float32, tol 1e-6, fwd+bwd of Σ c ⊙ z "
             "w.r.t. q (weights frozen on both sides). Hand loops: M = WᵀW once per call, "
             "analytic Jᵀ (no autograd graph), plain and Anderson; ratio = module / the faster "
-            "hand loop. Module: its default solver (auto), Anderson, plain. Times in ms; last "
-            "column: largest relative difference of z and ∂ℓ/∂q to the plain hand loop.", "",
+            "hand loop. Module: its default solver (auto), Anderson, plain. Times in ms "
+            "(medians). Ratios: of the medians, and paired (the median over interleaved rounds "
+            "of module / hand time in the same round: robust to the shared machine's slow "
+            "phases; the targets are judged on it). Last column: largest relative difference "
+            "of z and ∂ℓ/∂q to the plain hand loop.", "",
             _table(["m", "B", "module auto", "module anderson", "module plain",
                     "hand anderson", "hand plain", "ratio (default auto)",
-                    "ratio (better solver)", "max rel diff"], rows), ""]
+                    "ratio (better solver)", "paired (auto)", "paired (better)",
+                    "max rel diff"], rows), ""]
 
 
 def _qp(qp: dict[str, Any]) -> list[str]:

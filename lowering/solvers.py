@@ -33,6 +33,7 @@ F = Callable[[torch.Tensor], torch.Tensor]
 
 #: dtypes whose reductions (Gram matrices, small linear solves) run in float64
 _LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+_norm = torch.linalg.vector_norm
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -273,6 +274,8 @@ class Tracker:
         self._nonfinite: torch.Tensor | None = None  # (B, 1) bool, created when first needed
         self._any_nonfinite = False
         self._exact = False  # measure every residual exactly (after a failed confirmation)
+        #: the next record may take its lean path (set by each general record)
+        self._lean = False
         self._plain_failed = False  # the last record's plain residual came out non-finite
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
         self.hist: list[torch.Tensor] = []  # (B, k) blocks of residual columns
@@ -328,6 +331,21 @@ class Tracker:
         that residual ``(B, 1)`` already measured with plain norms, e.g. inside a compiled
         chunk); True once every sample has met ``tol`` (confirmed exactly) or become
         non-finite."""
+        if self._lean and d is None and plain is None and not fz.requires_grad:
+            # the common iteration, in as few steps as possible: plain norms of a (B, N) state
+            # in its own dtype, finite; anything else takes the general path below
+            d = fz - z
+            r = _norm(d, dim=1, keepdim=True) / _norm(fz, dim=1, keepdim=True)
+            top = float(r.max())
+            if math.isfinite(top):
+                self.hist.append(r)
+                self._count += 1
+                self._best, self.best_fz, self._best_res, self._best_d = z, fz, r, d
+                self.top = self.worst = top
+                self._confirmed = None
+                self._done = self._plain_failed = False
+                return top <= self.tol and self._confirm()
+            d = None
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
         if d is not None:
@@ -375,6 +393,10 @@ class Tracker:
         self._best_d = d  # fz - z when computed here (the exact residual reuses it)
         self._confirmed = None
         self._done = False
+        # later records may take the lean path: plain norms of a (B, N) state, no sample
+        # finished as non-finite, not replaying
+        self._lean = (not self._exact and not self._any_nonfinite and self._replay is None
+                      and fz.ndim == 2 and fz.dtype == self._rdt)
         done = top <= self.tol and self._confirm()
         replay = self._replay
         if replay is not None:  # the same evolution as the first run; stop once all is kept
@@ -433,6 +455,7 @@ class Tracker:
             self._done = True
             return True
         self._exact = True  # the plain norms were wrong here (extreme scales): go on exactly
+        self._lean = False
         self.hist[-1], self.top = r, worst  # and the history keeps no false pass
         return False
 
@@ -661,10 +684,10 @@ def _run_steps(f: F, z: torch.Tensor, k: int
 
 
 def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
-                 watch: Callable[[int], bool] | None = None) -> tuple[torch.Tensor | None, int]:
+                 watch: _AutoWatch | None = None) -> tuple[torch.Tensor | None, int]:
     """``z ← f(z)`` from ``z0``, recorded into ``tr``, until every sample is done, ``max_iter``
-    evaluations, or ``watch(k)`` (asked after ``k`` evaluations) returns True; then
-    ``(f(z), k)`` (``f(z)`` None unless ``watch`` stopped it).
+    evaluations, or ``watch(k)`` (asked after ``k`` evaluations, from ``k ≥ watch.next`` on)
+    returns True; then ``(f(z), k)`` (``f(z)`` None unless ``watch`` stopped it).
 
     Inside :func:`compiled_steps` a group of ``n`` iterations (a chunk length) runs as one
     compiled call when the worst residual's rate over the last group (or the last eager step;
@@ -681,7 +704,7 @@ def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
             fz = f(z)
             if tr.record(z, fz):
                 return None, k
-            if watch is not None and watch(k):
+            if watch is not None and k >= watch.next and watch(k):
                 return fz, k
             z = fz
         return None, max_iter
@@ -900,23 +923,32 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
     if z0.shape[-1] >= AUTO_ANDERSON_STATE:
         return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
     tr = Tracker(_compiled_name("plain"), z0, tol)
-    # the worst residual is compared every AUTO_WINDOW iterations (or at the end of every
-    # compiled chunk: then over its length)
-    at = {"next": 1, "then": math.nan, "k": 0}
-
-    def watch(k: int) -> bool:
-        if k < at["next"]:
-            return False
-        if at["k"] and _plain_too_slow(tr.top, at["then"], tol, max_iter - k, k - at["k"]):
-            return True
-        at.update(next=k + AUTO_WINDOW, then=tr.top, k=k)
-        return False
-
-    fz, k = _plain_phase(f, z0, tr, max_iter, watch)
+    fz, k = _plain_phase(f, z0, tr, max_iter, _AutoWatch(tr, tol, max_iter))
     if fz is None:
         return tr.best, tr.stats()
     tr.name += "→anderson"
     return _anderson(f, fz, tr, max_iter - k, m, beta, lam, restart)
+
+
+class _AutoWatch:
+    """``auto``'s switch test, asked by :func:`_plain_phase` after ``k`` evaluations once
+    ``k ≥ next``: the worst residual is compared every ``AUTO_WINDOW`` iterations (or at the
+    end of every compiled chunk: then over its length); True switches to Anderson."""
+
+    __slots__ = ("k", "max_iter", "next", "then", "tol", "tr")
+
+    def __init__(self, tr: Tracker, tol: float, max_iter: int):
+        self.tr, self.tol, self.max_iter = tr, tol, max_iter
+        self.next, self.then, self.k = 1, math.nan, 0
+
+    def __call__(self, k: int) -> bool:
+        if k < self.next:
+            return False
+        top = self.tr.top
+        if self.k and _plain_too_slow(top, self.then, self.tol, self.max_iter - k, k - self.k):
+            return True
+        self.next, self.then, self.k = k + AUTO_WINDOW, top, k
+        return False
 
 
 def _plain_too_slow(now: float, then: float, tol: float, left: int,
