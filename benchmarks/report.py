@@ -27,7 +27,10 @@ def _e(x: float | None) -> str:
 
 
 def _x(x: float | None) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}×"
+    """A ratio: three decimals below 10 (a 1.099 judged against 1.10 must not read 1.1)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.3f}×" if abs(x) < 10 else f"{x:.3g}×"
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
