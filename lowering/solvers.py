@@ -331,10 +331,12 @@ class Tracker:
         that residual ``(B, 1)`` already measured with plain norms, e.g. inside a compiled
         chunk); True once every sample has met ``tol`` (confirmed exactly) or become
         non-finite."""
-        if self._lean and d is None and plain is None and not fz.requires_grad:
+        if self._lean and plain is None and not fz.requires_grad and (
+                d is None or not d.requires_grad):
             # the common iteration, in as few steps as possible: plain norms of a (B, N) state
             # in its own dtype, finite; anything else takes the general path below
-            d = fz - z
+            if d is None:
+                d = fz - z
             r = _norm(d, dim=1, keepdim=True) / _norm(fz, dim=1, keepdim=True)
             top = float(r.max())
             if math.isfinite(top):
@@ -345,7 +347,6 @@ class Tracker:
                 self._confirmed = None
                 self._done = self._plain_failed = False
                 return top <= self.tol and self._confirm()
-            d = None
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
         if d is not None:
