@@ -349,15 +349,13 @@ class Elementwise:
         #: the output has the state's shape ``(B, N)`` whenever the inner value has
         self.batch_shaped = getattr(inner, "batch_shaped", False)
         #: the evaluation as one flat function (fewer Python frames per solver iteration); in
-        #: place (``f_inplace``) only on an inner value that is a new tensor at every call
-        #: (a fused ``c + zM``), never on one that may alias ``z`` or a stored tensor
+        #: place (``f_inplace``) only on the fused ``c + zM``, a new tensor at every call,
+        #: never on an inner value that may alias ``z`` or a stored tensor
         affine = getattr(inner, "affine", None)
         if affine is not None:  # σ(c + zM) in one frame
             c, m = affine
             act = f_inplace if f_inplace is not None else f
             self.fn = lambda z: act(torch.addmm(c, z, m))
-        elif f_inplace is not None and getattr(inner, "fresh_output", False):
-            self.fn = lambda z: f_inplace(inner_fn(z))
         else:
             self.fn = lambda z: f(inner_fn(z))
 
@@ -422,9 +420,8 @@ class Sum:
         self.parts = parts
         self._fast = _affine_matrix_fast(parts)
         self.fn = self._fast if self._fast is not None else self.__call__
-        #: every evaluation returns a new tensor (the fused ``addmm``): safe to overwrite
-        self.fresh_output = self._fast is not None
-        #: ``(c, M)`` of the fused ``c + zM`` (None otherwise), whose value is ``(B, N)``
+        #: ``(c, M)`` of the fused ``c + zM`` (None otherwise): its value is a new ``(B, N)``
+        #: tensor at every evaluation
         self.affine = _affine_parts(parts) if self._fast is not None else None
         self.batch_shaped = self._fast is not None
 

@@ -533,6 +533,14 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
     @functools.wraps(fn)
     def run(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, **options: Any
             ) -> tuple[torch.Tensor, SolverStats]:
+        if z0.ndim > 2:  # (B, C, H, W, …): every solver iterates on flat (B, N) states
+            shape = z0.shape
+
+            def flat(x: torch.Tensor) -> torch.Tensor:
+                return f(x.reshape(shape)).flatten(1)
+
+            z, st = run(flat, z0.flatten(1), tol, max_iter, **options)
+            return z.reshape(shape), st
         active = _REPLAY.get()
         if active is not None and not active.claimed:  # the solve being replayed: as it was
             return fn(f, z0, tol=tol, max_iter=max_iter, **options)
@@ -542,6 +550,8 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
                 return run(f, z0, tol, max_iter, **options)
             finally:
                 _REPLAY.reset(token)
+        if z0.ndim and z0.shape[0] == 0:  # an empty batch (e.g. every sample masked out)
+            return z0.clone(), _empty_stats(fn.__name__, z0, tol)
         z, st = fn(f, z0, tol=tol, max_iter=max_iter, **options)
         if st.all_converged or st.residuals.shape[1] < 2:
             return z, st
@@ -573,6 +583,16 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
                                st.nonfinite, rr)
 
     return run
+
+
+def _empty_stats(name: str, z0: torch.Tensor, tol: float) -> SolverStats:
+    """Statistics of a solve over zero samples: nothing iterated, nothing failed."""
+    rdt = torch.float32 if z0.dtype in (torch.float16, torch.bfloat16) else z0.dtype
+    dev = z0.device
+    none = torch.zeros(0, dtype=torch.bool, device=dev)
+    return SolverStats(name, torch.zeros(0, 0, dtype=rdt, device=dev),
+                       torch.zeros(0, dtype=torch.long, device=dev), none, tol, none.clone(),
+                       torch.zeros(0, dtype=rdt, device=dev), True)
 
 
 def get_solver(name: str) -> Callable[..., tuple[torch.Tensor, SolverStats]]:

@@ -248,3 +248,27 @@ def test_lean_record_hands_a_non_finite_iterate_to_the_general_path() -> None:
     _, st = solve(f, torch.zeros(3, 4), solver="plain", tol=1e-6, max_iter=100)
     assert st.nonfinite.tolist() == [False, True, False]
     assert st.converged.tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("base", ["relu", "tanh", "sigmoid"])
+def test_a_subclass_with_its_own_sigma_is_not_given_the_parents_torch_op(base: str) -> None:
+    """An activation derived from ReLU / tanh / sigmoid that overrides only ``sigma`` is
+    evaluated by its own ``σ``: the parent's torch op (``torch.relu``, ``torch.relu_``, …) is
+    offered only to classes that keep the parent's ``sigma``."""
+    from convex_eq.activations.relu import ReLU
+    from convex_eq.activations.sigmoid import Sigmoid
+    from convex_eq.activations.tanh import Tanh
+
+    parent = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}[base]
+
+    class Halved(parent):  # type: ignore[misc, valid-type]
+        name = f"halved_{base}_test"
+
+        def sigma(self, t):  # type: ignore[no-untyped-def]
+            return 0.5 * parent.sigma(self, t)
+
+    act, plain = Halved(), parent()
+    t = torch.linspace(-3, 3, 13)
+    assert torch.equal(act.torch_sigma(t), 0.5 * plain.sigma(t))
+    assert act.torch_sigma_ is None
+    assert plain.torch_sigma_ is (torch.relu_ if base == "relu" else None)

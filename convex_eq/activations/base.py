@@ -106,6 +106,12 @@ class Activation:
         conversion on the solvers' hot path)."""
         return self.sigma
 
+    def _keeps(self, owner: type, *names: str) -> bool:
+        """True when this object's class uses ``owner``'s own definitions of ``names`` (a
+        subclass that overrides ``sigma`` must not get ``owner``'s torch op for it)."""
+        cls = type(self)
+        return all(getattr(cls, n) is getattr(owner, n) for n in names)
+
     @property
     def torch_sigma_(self) -> Any:
         """``σ`` applied in place to a tensor (the torch op, e.g. ``torch.relu_``), or None:

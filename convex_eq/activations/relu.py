@@ -26,13 +26,13 @@ class ReLU(Activation):
 
     @property
     def torch_sigma(self) -> Any:
-        """``torch.relu``."""
-        return torch.relu
+        """``torch.relu`` (a subclass's own ``sigma`` where it overrides it)."""
+        return torch.relu if self._keeps(ReLU, "sigma") else self.sigma
 
     @property
     def torch_sigma_(self) -> Any:
-        """``torch.relu_``."""
-        return torch.relu_
+        """``torch.relu_`` (None for a subclass with its own ``sigma`` or ``torch_sigma``)."""
+        return torch.relu_ if self._keeps(ReLU, "sigma", "torch_sigma") else None
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = max(t, 0)``."""

@@ -32,8 +32,8 @@ class Sigmoid(Activation):
 
     @property
     def torch_sigma(self) -> Any:
-        """``torch.sigmoid``."""
-        return torch.sigmoid
+        """``torch.sigmoid`` (a subclass's own ``sigma`` where it overrides it)."""
+        return torch.sigmoid if self._keeps(Sigmoid, "sigma") else self.sigma
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = 1/(1 + e^{-t})``."""

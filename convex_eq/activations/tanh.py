@@ -26,8 +26,8 @@ class Tanh(Activation):
 
     @property
     def torch_sigma(self) -> Any:
-        """``torch.tanh``."""
-        return torch.tanh
+        """``torch.tanh`` (a subclass's own ``sigma`` where it overrides it)."""
+        return torch.tanh if self._keeps(Tanh, "sigma") else self.sigma
 
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = tanh t``."""
