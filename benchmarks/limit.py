@@ -191,11 +191,13 @@ def _compiled(cfg: Config, log: Callable[[str], None], qa: Any, ca: Any) -> dict
                  for name, mod in (("eager", eager), ("compiled", compiled_mod))}
         times = interleave(methods, dict.fromkeys(methods, reps), warmup=warmup)
         t = {k: median(v) for k, v in times.items()}
-        ratio = t["compiled"] / t["eager"]
-        rows.append({"batch": b, "times_s": t, "compiled_over_eager": ratio,
+        ratio = paired_ratio(times["compiled"], times["eager"])
+        rows.append({"batch": b, "times_s": t, "all_times": times, "compiled_over_eager": ratio,
+                     "compiled_over_eager_medians": t["compiled"] / t["eager"],
                      "first_call_s": first, "iterations": iters})
         log(f"  compile m={m} B={b}: eager {t['eager'] * 1e3:.2f} ms, compiled "
-            f"{t['compiled'] * 1e3:.2f} ms (compiled/eager {ratio:.3f}), first call "
+            f"{t['compiled'] * 1e3:.2f} ms (compiled/eager paired {ratio:.3f}, medians "
+            f"{t['compiled'] / t['eager']:.3f}), first call "
             f"{first:.1f} s; iterations fwd/bwd eager {iters['eager'][:2]}, compiled "
             f"{iters['compiled'][:2]} ({iters['compiled'][2]})")
     target = rows[0]

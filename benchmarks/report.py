@@ -80,7 +80,9 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     if comp:
         out.append({"target": f"torch.compile(module) faster than eager (fwd+bwd, m = "
                     f"{comp['m']}, B = {comp['batch']})",
-                    "measured": f"compiled/eager {comp['compiled_over_eager']:.3f}" + "".join(
+                    "measured": f"compiled/eager {comp['compiled_over_eager']:.3f} (paired; "
+                    f"medians {comp['rows'][0].get('compiled_over_eager_medians', math.nan):.3f})"
+                    + "".join(
                         f"; B = {r['batch']}: {r['compiled_over_eager']:.3f}"
                         for r in comp.get("rows", [])[1:]) + f" (plain iterations in compiled "
                     f"chunks of {comp.get('compile_steps', '?')}; first call "
