@@ -233,7 +233,7 @@ def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tens
     (no autograd per adjoint iteration), then ``(∂T/∂θ)ᵀ g`` (:func:`param_grads`)."""
     plan, leaves = problem.plan, problem.leaves
     assert leaves is not None
-    _, jt = plan.linearize(z)  # a first-order backward runs with gradients off
+    _, jt = plan.linearize(z, value=False)  # a first-order backward runs with gradients off
     g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
     return param_grads(plan, z, g, leaves, needs)
 

@@ -167,7 +167,8 @@ class EquilibriumModule(nn.Module):
     def dtype(self) -> torch.dtype:
         """The module's floating dtype (its parameters' after ``.to()``; inputs are cast to it,
         float16/bfloat16 modules solve in float32)."""
-        ref = next(iter(self.weights.values()), None)
+        # the ParameterDict's own storage: its values() walks the container protocol per call
+        ref = next(iter(self.weights._parameters.values()), None)
         if ref is None and self._const_names:
             ref = getattr(self, f"const_{self._const_names[0]}")
         return ref.dtype if ref is not None else self.config.dtype
@@ -175,7 +176,10 @@ class EquilibriumModule(nn.Module):
     @property
     def state_size(self) -> int:
         """Length of the flat stacked state ``(B, N)`` the solvers iterate on."""
-        return sum(b.size for b in self.blocks)
+        n = self.__dict__.get("_state_size")  # the blocks are fixed: summed once
+        if n is None:
+            n = self.__dict__["_state_size"] = sum(b.size for b in self.blocks)
+        return n
 
     # ------------------------------------------------------------------ state dict / pickle
     def get_extra_state(self) -> dict[str, Any]:
@@ -245,7 +249,8 @@ class EquilibriumModule(nn.Module):
 
     # ------------------------------------------------------------------ env & inputs
     def _raw_env(self) -> dict[str, torch.Tensor]:
-        env: dict[str, torch.Tensor] = dict(self.weights.items())
+        # the ParameterDict's own storage (same names and order as its items())
+        env: dict[str, torch.Tensor] = dict(self.weights._parameters)
         for n in self._const_names:
             env[n] = getattr(self, f"const_{n}")
         for n in self._scalar_names:
@@ -293,6 +298,11 @@ class EquilibriumModule(nn.Module):
             return self.weight_control.norms(self.env())
 
     def _inputs(self, x: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        syms = self.input_syms
+        if isinstance(x, torch.Tensor) and len(syms) == 1 and x.ndim == 2 \
+                and x.shape[1] == syms[0].size:  # the common call: one flat (B, size) input
+            dtype = self.dtype if dtype is None else dtype
+            return {syms[0].name: x if x.dtype == dtype else x.to(dtype)}
         if x is None or (isinstance(x, dict) and not x):
             if self.input_syms:
                 raise ShapeError(f"layer has inputs {[s.name for s in self.input_syms]}",
@@ -323,7 +333,7 @@ class EquilibriumModule(nn.Module):
             # already flat (B, size): no reshape view (one autograd node less per call)
             out[s.name] = t if t.ndim == 2 and t.shape[1] == s.size else \
                 t.reshape(t.shape[0], s.size)
-        sizes = {k: v.shape[0] for k, v in out.items()}
+        sizes = {k: v.shape[0] for k, v in out.items()} if len(out) > 1 else {}
         if len(set(sizes.values())) > 1:
             raise ShapeError(f"inputs have different batch sizes {sizes}", term="forward",
                              hint="batch every input along dim 0 with the same size")
@@ -370,16 +380,16 @@ class EquilibriumModule(nn.Module):
     def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,
                  steps: int) -> Any:
         """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
-        compiled = self._compiled_steps(steps)
+        compiled = self._compiled_steps(steps) if steps else None
         out_dtype = self.dtype
         inputs = self._inputs(x, out_dtype)
         env = self.env()
         if out_dtype in HALF:  # solved in float32; gradients flow back through the casts
             inputs = {k: v.float() for k, v in inputs.items()}
             env = {k: (v.float() if v.dtype in HALF else v) for k, v in env.items()}
-        b = next(iter(inputs.values())).shape[0] if inputs else \
-            (z0.shape[0] if isinstance(z0, torch.Tensor) and z0.ndim else 1)
         ref = next(iter(inputs.values()), None)
+        b = ref.shape[0] if ref is not None else \
+            (z0.shape[0] if isinstance(z0, torch.Tensor) and z0.ndim else 1)
         if ref is None:
             ref = next((v for v in env.values() if v.is_floating_point()),
                        torch.zeros((), dtype=out_dtype))
@@ -523,7 +533,7 @@ class EquilibriumModule(nn.Module):
                             not self._batch_coupled, steps if planned is not None else None)
 
         def sink(st: SolverStats) -> None:
-            self.last_backward_stats = st
+            self.__dict__["last_backward_stats"] = st  # a plain attribute (as last_stats)
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
         if planned is not None and planned[1]:  # built with autograd from leaf copies

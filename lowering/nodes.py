@@ -129,9 +129,18 @@ class Sigma(Node):
         inner = self.inner.plan(ctx)
         if inner is None:
             return None
-        df = self.act.sigma_prime if getattr(self.act, "has_sigma_prime", False) else None
-        return pl.Elementwise(self.act.torch_sigma, inner, df,
-                              f_inplace=getattr(self.act, "torch_sigma_", None))
+        act = self.act
+        ops = self.__dict__.get("_ops")
+        if ops is None or ops[0] is not act:  # the activation's torch ops, looked up once
+            df = act.sigma_prime if getattr(act, "has_sigma_prime", False) else None
+            ops = self.__dict__["_ops"] = (act, act.torch_sigma, df,
+                                           getattr(act, "torch_sigma_", None))
+        return pl.Elementwise(ops[1], inner, ops[2], f_inplace=ops[3])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_ops", None)  # looked up again after unpickling
+        return state
 
     def lip(self, env: Env | None) -> float:
         return self.act.lipschitz * self.inner.lip(env)
@@ -258,7 +267,7 @@ class GradSum(Node):
                 us = [None if j == k else a.evaluate(ctx.values, env)
                       for j, a in enumerate(t.args)]
                 ref = next(u for u in us if u is not None)
-                us[k] = torch.zeros(1, t.args[k].size, dtype=ref.dtype, device=ref.device)
+                us[k] = self._zeros(t.args[k].size, ref)
                 g = t.raw_grad(us, env)[k]
                 if g is not None:
                     contrib = t.args[k].adjoint(g, self.block, env)
@@ -277,6 +286,22 @@ class GradSum(Node):
         if const is not None:
             parts.insert(0, (1.0, pl.Constant(const)))
         return pl.Sum(parts) if parts else None
+
+    def _zeros(self, n: int, like: torch.Tensor) -> torch.Tensor:
+        """A ``(1, n)`` zero of ``like``'s dtype and device: the placeholder for the state
+        argument of a bilinear term's gradient (which does not read it), made once per dtype
+        and device (never written: the gradients built from it are new tensors)."""
+        cache = self.__dict__.setdefault("_zero_args", {})
+        key = (n, like.dtype, like.device)
+        z = cache.get(key)
+        if z is None or z._version:  # (a term that wrote into it gets a fresh one)
+            z = cache[key] = torch.zeros(1, n, dtype=like.dtype, device=like.device)
+        return z
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_zero_args", None)  # tensors on some device: made again on use
+        return state
 
     def _recipe(self) -> list[tuple[str, Term, Any, Any, Any]] | None:
         """Per term ``(kind, term, folded coefficient or None, arg, offset)`` — for

@@ -174,8 +174,10 @@ class Plan(Protocol):
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor: ...
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
-        """``(node(z), v ↦ (∂node/∂z)ᵀ v)`` (the map is ``None`` when it is zero)."""
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
+        """``(node(z), v ↦ (∂node/∂z)ᵀ v)`` (the map is ``None`` when it is zero); with
+        ``value=False`` the caller wants the map only, and a plan may return ``None`` for the
+        value when computing it would be extra work."""
         ...
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
@@ -238,7 +240,7 @@ class Identity:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return z
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         return z, IdentityT()
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
@@ -254,7 +256,7 @@ class Constant:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.c
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         return self.c, None
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
@@ -273,7 +275,7 @@ class Matrix:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return z @ self.m
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         return z @ self.m, MatrixT(self.m.detach().T)
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
@@ -289,7 +291,7 @@ class SelfAdjoint:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.apply(z)
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         return self.apply(z), FunctionT(self.apply)
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
@@ -315,7 +317,7 @@ class ElementwiseGrad:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self._scale(self.adjoint(self.g(self._u(z))))
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         u = self._u(z)
         gu, d = elementwise_derivative(self.g, u)
         if torch.is_grad_enabled() and u.requires_grad:
@@ -362,7 +364,7 @@ class Elementwise:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.fn(z)
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         p, jt_in = self.inner.linearize(z)
         if self.df is not None:
             if torch.is_grad_enabled():
@@ -370,7 +372,7 @@ class Elementwise:
                     d = self.df(p)
             else:
                 d = self.df(p)
-            out = self.f(p)
+            out = self.f(p) if value else None
         else:
             out, d = elementwise_derivative(self.f, p)
             if torch.is_grad_enabled() and p.requires_grad:
@@ -430,10 +432,10 @@ class Sum:
             return self._fast(z)
         return weighted_sum(self.parts, z)
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
-        if self._fast is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
-            m = self.parts[0][1] if isinstance(self.parts[0][1], Matrix) else self.parts[1][1]
-            return self._fast(z), MatrixT(m.m.detach().T)
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
+        if self.affine is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
+            c, m = self.affine
+            return torch.addmm(c, z, m), MatrixT(m.detach().T)
         out, jts = None, []
         for c, p in self.parts:
             v, jt = p.linearize(z)
@@ -468,9 +470,9 @@ class Compose:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.outer(self.inner(z))
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         p, jt_in = self.inner.linearize(z)
-        out, jt_out = self.outer.linearize(p)
+        out, jt_out = self.outer.linearize(p, value)
         if jt_in is None or jt_out is None:
             return out, None
         return out, ComposeT(jt_in, jt_out)
@@ -513,9 +515,9 @@ class Root:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.fn(z)
 
-    def linearize(self, z: torch.Tensor) -> tuple[torch.Tensor, Lin]:
-        out, jt = self.plan.linearize(z)
-        return self._shape(out, z), jt
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
+        out, jt = self.plan.linearize(z, value)
+        return (None if out is None else self._shape(out, z)), jt
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         return self.plan.param_vjp(z, g)

@@ -34,6 +34,9 @@ F = Callable[[torch.Tensor], torch.Tensor]
 #: dtypes whose reductions (Gram matrices, small linear solves) run in float64
 _LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 _norm = torch.linalg.vector_norm
+#: unit round-off of the dtypes whose plain residuals can stand for the exact ones
+#: (:meth:`Tracker._plain_is_exact`)
+_EXACT_PLAIN = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -176,7 +179,7 @@ def _extreme_scale(fz: torch.Tensor, tol: float) -> bool:
     residual), or a nonzero sample whose largest entry is below ``10·sqrt(tiny)/tol`` (the
     squares of a difference at relative size ``tol`` can underflow).  Checked on the first
     iterate's image (one reduction per solve); a solve whose iterates only later reach such
-    scales still has every stop confirmed exactly (:meth:`Tracker._confirm`)."""
+    scales still has every stop confirmed (:meth:`Tracker._confirm`)."""
     a = fz.detach().abs().flatten(1).amax(dim=1)
     mm = torch.aminmax(a)
     lo, hi = float(mm.min), float(mm.max)
@@ -190,8 +193,25 @@ def _scale_ok(lo: float, hi: float, dtype: torch.dtype, tol: float) -> bool:
     """Plain norms of states whose per-sample largest entries lie in ``[lo, hi]`` can neither
     overflow nor underflow into a false 0 (float16 norms run in float32: judged by its
     range)."""
-    fi = torch.finfo(torch.float32 if dtype == torch.float16 else dtype)
-    return lo >= 10 * fi.tiny ** 0.5 / max(tol, fi.eps) and hi <= fi.max ** 0.5 / 1e3
+    rng = _SCALE_RANGE.get(dtype)
+    if rng is None:
+        fi = torch.finfo(torch.float32 if dtype == torch.float16 else dtype)
+        rng = _SCALE_RANGE[dtype] = (10 * fi.tiny ** 0.5, fi.eps, fi.max ** 0.5 / 1e3)
+    low, eps, high = rng
+    return lo >= low / max(tol, eps) and hi <= high
+
+
+#: per dtype ``(10·√tiny, eps, √max / 10³)``: the constants of :func:`_scale_ok`
+_SCALE_RANGE: dict[torch.dtype, tuple[float, float, float]] = {}
+
+
+def _norms_in_range(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float) -> bool:
+    """:func:`_scale_ok` decided from plain per-sample norms ``den = ||x_b||`` of states with
+    ``n`` entries, which bound each sample's largest entry, ``den/√n ≤ max|x_b| ≤ den``
+    (``den`` can only fall short of the true norm, by underflow; 2: round-off margin).  False
+    for a zero or non-finite norm.  One reduction, two reads."""
+    lo, hi = torch.aminmax(den)
+    return _scale_ok(float(lo) / (2.0 * math.sqrt(max(n, 1))), float(hi), dtype, tol)
 
 
 def fast_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
@@ -249,10 +269,12 @@ class Tracker:
     Per iteration the residual is measured with plain norms in the state's dtype (a few tensor
     operations and one host synchronisation); those can lose accuracy only at extreme scales
     (entries beyond ~1e±17 in float32, where squares overflow or underflow).  So the stop is
-    *confirmed*: when the plain residuals say every sample is done, the returned iterates'
-    residuals are recomputed exactly (:func:`scaled_rel_residual`); if that disagrees, the
-    solve goes on measuring exactly.  ``stats()`` reports the exact residual of every returned
-    iterate, so a ``converged`` flag never rests on a plain norm."""
+    *confirmed*: when the plain residuals say every sample is done, either their own norms
+    prove them exact enough (:meth:`_plain_is_exact`: a safe scale, and a margin below ``tol``
+    wider than their rounding) or the returned iterates' residuals are recomputed exactly
+    (float64 norms, :func:`scaled_rel_residual`); if that disagrees, the solve goes on
+    measuring exactly.  ``stats()`` reports residuals that meet ``tol`` exactly wherever they
+    say so, so a ``converged`` flag never rests on an unchecked plain norm."""
 
     def __init__(self, name: str, z0: torch.Tensor, tol: float):
         self.name, self.tol = name, tol
@@ -274,10 +296,14 @@ class Tracker:
         self._nonfinite: torch.Tensor | None = None  # (B, 1) bool, created when first needed
         self._any_nonfinite = False
         self._exact = False  # measure every residual exactly (after a failed confirmation)
-        #: the next record may take its lean path (set by each general record)
-        self._lean = False
+        #: the next record may take its lean path (a (B, N) state in the residual dtype, not a
+        #: replay; then reset by each general record)
+        self._lean = rep is None and z0.ndim == 2 and z0.dtype == self._rdt
         self._plain_failed = False  # the last record's plain residual came out non-finite
         self._confirmed: torch.Tensor | None = None  # exact residuals of the returned iterates
+        #: the plain ``||fz||`` per sample ``(B, 1)`` of the last record, when it measured plain
+        #: norms (None otherwise): what :meth:`_plain_is_exact` checks
+        self._den: torch.Tensor | None = None
         self.hist: list[torch.Tensor] = []  # (B, k) blocks of residual columns
         self._count = 0  # residual columns recorded (iterations)
         self.worst = float("inf")  # the returned iterate's worst-sample residual
@@ -329,7 +355,7 @@ class Tracker:
                plain: torch.Tensor | None = None) -> bool:
         """Measure ``||fz - z|| / ||fz||`` (``d = fz - z`` when the caller has it; ``plain``:
         that residual ``(B, 1)`` already measured with plain norms, e.g. inside a compiled
-        chunk); True once every sample has met ``tol`` (confirmed exactly) or become
+        chunk); True once every sample has met ``tol`` (confirmed, :meth:`_confirm`) or become
         non-finite."""
         if self._lean and plain is None and not fz.requires_grad and (
                 d is None or not d.requires_grad):
@@ -337,12 +363,14 @@ class Tracker:
             # in its own dtype, finite; anything else takes the general path below
             if d is None:
                 d = fz - z
-            r = _norm(d, dim=1, keepdim=True) / _norm(fz, dim=1, keepdim=True)
+            den = _norm(fz, dim=1, keepdim=True)
+            r = _norm(d, dim=1, keepdim=True) / den
             top = float(r.max())
-            if math.isfinite(top):
+            if math.isfinite(top) and (self._count or self._first_lean(den, fz)):
                 self.hist.append(r)
                 self._count += 1
                 self._best, self.best_fz, self._best_res, self._best_d = z, fz, r, d
+                self._den = den
                 self.top = self.worst = top
                 self._confirmed = None
                 self._done = self._plain_failed = False
@@ -352,6 +380,7 @@ class Tracker:
         if d is not None:
             d = d.detach()
         top = None
+        den = None  # the plain ||fz|| per sample, when measured in the state's dtype
         if self._exact:
             d = fz - z if d is None else d
             r = self._scaled(d, fz)
@@ -370,7 +399,7 @@ class Tracker:
             if self._count == 0:  # the scale check, in the same synchronisation as the stop
                 top = self._first_scale(r, den, fz)
                 if self._exact:
-                    r, top = self._scaled(d, fz), None
+                    r, top, den = self._scaled(d, fz), None, None
         if top is None:
             if self._any_nonfinite:  # finished samples: out of the maximum
                 r = r.masked_fill(self.nonfinite, float("inf"))
@@ -381,7 +410,7 @@ class Tracker:
         if self._plain_failed:
             # 0/0, an overflow or a non-finite iterate: the exact form; a non-finite z, f(z) or
             # difference makes it NaN (its scale is inf/NaN) and marks the sample non-finite
-            r = self._scaled(fz - z if d is None else d, fz)
+            r, den = self._scaled(fz - z if d is None else d, fz), None
             self.nonfinite |= ~torch.isfinite(r)
             self._any_nonfinite = bool(self.nonfinite.any())
             r = r.masked_fill(self.nonfinite, float("inf"))
@@ -392,6 +421,7 @@ class Tracker:
         # that ends unconverged gets each sample's best iterate by a replay (_per_sample_best)
         self._best, self.best_fz, self._best_res, self.top, self.worst = z, fz, r, top, top
         self._best_d = d  # fz - z when computed here (the exact residual reuses it)
+        self._den = den
         self._confirmed = None
         self._done = False
         # later records may take the lean path: plain norms of a (B, N) state, no sample
@@ -404,6 +434,21 @@ class Tracker:
             return replay.capture(self._count - 1, z, fz) or done
         return done
 
+    def _first_lean(self, den: torch.Tensor, fz: torch.Tensor) -> bool:
+        """Whether the first record may stay on the lean path: an image of the state's shape
+        and dtype at a scale where plain norms are safe (:meth:`_first_scale`'s test).  At an
+        extreme scale it switches the solve to exact residuals and returns False (the general
+        path then measures this record exactly)."""
+        if fz.ndim != 2 or fz.dtype != self._rdt:
+            self._lean = False
+            return False
+        if not _norms_in_range(den, fz.shape[1], fz.dtype, self.tol):
+            self._exact = _extreme_scale(fz, self.tol)
+            if self._exact:
+                self._lean = False
+                return False
+        return True
+
     def _first_scale(self, r: torch.Tensor, den: torch.Tensor, fz: torch.Tensor) -> float:
         """The first record's worst residual, and whether plain norms are safe at this scale
         (else ``_exact``): the plain norms ``den = ||fz||`` bound
@@ -411,11 +456,9 @@ class Tracker:
         of the true norm, by underflow), so ``[min den / (2√N), max den]`` inside the safe
         range (:func:`_scale_ok`; 2: round-off margin) proves :func:`_extreme_scale` False.
         Anything else — a zero or non-finite ``den``, a scale near the edges — takes the
-        exact check.  (Three reads of 0-d reductions: on this CPU, after other work had evicted
-        the caches, cheaper than stacking them into one read.)"""
-        top, hi, lo = float(r.max()), float(den.max()), float(den.min())
-        n = fz[0].numel()
-        if not _scale_ok(lo / (2.0 * math.sqrt(max(n, 1))), hi, fz.dtype, self.tol):
+        exact check (:func:`_norms_in_range`)."""
+        top = float(r.max())
+        if not _norms_in_range(den, fz[0].numel(), fz.dtype, self.tol):
             self._exact = _extreme_scale(fz, self.tol)
         return top
 
@@ -446,7 +489,32 @@ class Tracker:
             self._confirmed = r
         return self._confirmed
 
+    def _plain_is_exact(self) -> bool:
+        """Whether the last record's plain residuals already decide the stop exactly, so the
+        float64 recomputation can be skipped (docs/theory.md §8, solver bookkeeping): plain
+        norms in the state's dtype (float32/64) are exact up to rounding unless squares over- or
+        underflow.  Both are ruled out by the norms ``den = ||fz||`` themselves (the bound of
+        :meth:`_first_scale`), and the rounding, at most ``(N + 3)·u`` relative for the ratio
+        of two norms summed in any order (``u`` the unit round-off), by a worst residual below
+        ``tol·(1 − 4(N + 3)u)``.  Then every sample's residual is within ``tol`` exactly too."""
+        den = self._den
+        if den is None or self._exact or self._any_nonfinite or self.best_fz is None:
+            return False
+        fz = self.best_fz
+        if fz.dtype != self._rdt or fz.dtype not in _EXACT_PLAIN:
+            return False
+        n = fz[0].numel()
+        margin = 4.0 * (n + 3) * _EXACT_PLAIN[fz.dtype]
+        if margin >= 1e-2 or not self.top <= self.tol * (1.0 - margin):
+            return False
+        return _norms_in_range(den, n, fz.dtype, self.tol)
+
     def _confirm(self) -> bool:
+        if self._confirmed is None and self._plain_is_exact():
+            self._confirmed = self.best_res  # the plain residuals: exact enough (above)
+            self.worst = self.top
+            self._done = True
+            return True
         r = self._returned_residual()
         worst = float(r.masked_fill(self.nonfinite, 0.0).max() if self._any_nonfinite
                       else r.max())

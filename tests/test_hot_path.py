@@ -17,6 +17,7 @@ import lowering
 from benchmarks.common import qp_objective, qp_weight
 from convex_eq.errors import NonFiniteError
 from lowering import plan as pl
+from lowering import solvers
 from lowering.solvers import Tracker, _extreme_scale, _scale_ok, compiled_steps
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -97,17 +98,14 @@ def test_a_broken_scale_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     """The property above can fail: a check that forgets the ``√n`` of the lower bound (reads
     ``min den`` as the smallest largest entry) skips exact mode on a flat state whose entries
     sit below the safe range while its norm, √n times larger, does not."""
-    def broken(self: Tracker, r: torch.Tensor, den: torch.Tensor, fz: torch.Tensor) -> float:
-        top, hi, lo = float(r.max()), float(den.max()), float(den.min())
-        if not _scale_ok(lo, hi, fz.dtype, self.tol):
-            self._exact = _extreme_scale(fz, self.tol)
-        return top
+    def broken(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float) -> bool:
+        return _scale_ok(float(den.min()), float(den.max()), dtype, tol)
 
     fi = torch.finfo(torch.float32)
     edge = 10 * fi.tiny ** 0.5 / 1e-6  # the smallest safe largest entry at tol 1e-6
     fz = torch.full((1, 1000), 0.5 * edge)  # below it; its norm is √1000/2 ≈ 16× above
     assert _extreme_scale(fz, 1e-6) and _first_record_exact(fz, 1e-6)
-    monkeypatch.setattr(Tracker, "_first_scale", broken)
+    monkeypatch.setattr(solvers, "_norms_in_range", broken)
     assert not _first_record_exact(fz, 1e-6)
 
 

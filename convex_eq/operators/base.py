@@ -199,7 +199,7 @@ def resolve_weight(sym: Symbol, env: Env | None, like: torch.Tensor, op: LinOp) 
             f"weight '{sym.name}' has shape {tuple(t.shape)}, operator expects {sym.shape}",
             term=str(op),
         )
-    return t.to(like)
+    return t if t.dtype == like.dtype and t.device == like.device else t.to(like)
 
 
 def unique_symbols(groups: list[list[Symbol]]) -> list[Symbol]:
