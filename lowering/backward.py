@@ -393,7 +393,8 @@ class ImplicitBackward:
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:
         """``z*`` with the exact implicit gradient attached."""
-        return _ImplicitFixedPoint.apply(z_star.detach(), problem, *problem.tensors)
+        z = z_star.detach() if z_star.requires_grad else z_star  # (the solvers' is not)
+        return _ImplicitFixedPoint.apply(z, problem, *problem.tensors)
 
 
 class _FirstOrderOnly(torch.autograd.Function):

@@ -428,6 +428,7 @@ class EquilibriumModule(nn.Module):
             z = z_star if self.backward == "unroll" else self._attach(
                 fn, tensors, z_star, z0, planned, compiled and compiled[1])
         else:  # gradients through the accepted samples only; the others are NaN
+            assert ok is not None
             rows = torch.nonzero(ok).flatten()
             sub = [t[ok] if i < n_in else t for i, t in enumerate(tensors)]
             if self.backward == "unroll":
@@ -456,10 +457,12 @@ class EquilibriumModule(nn.Module):
         for name, t in inputs.items():
             # the common case, one reduction: a finite norm means finite entries (an inf or NaN
             # makes it inf or NaN); only an overflowing norm needs the entrywise test.  (The
-            # norm kernel is the one the solver's residuals use: already in the caches.)
-            if math.isfinite(float(torch.linalg.vector_norm(t.detach()))) \
-                    or bool(torch.isfinite(t).all()):
-                continue
+            # norm kernel is the one the solver's residuals use: already in the caches; no
+            # detach, an operation of its own: the norm is taken without autograd.)
+            with torch.no_grad():
+                if math.isfinite(float(torch.linalg.vector_norm(t))) \
+                        or bool(torch.isfinite(t).all()):
+                    continue
             bad = ~torch.isfinite(t).all(dim=1)
             if self.on_nonconvergence != "mask":
                 raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
@@ -574,11 +577,12 @@ class EquilibriumModule(nn.Module):
 
     # ------------------------------------------------------------------ failures
     def _judge(self, stats: SolverStats, bad_in: torch.Tensor | None
-               ) -> tuple[torch.Tensor, bool]:
+               ) -> tuple[torch.Tensor | None, bool]:
         """``(ok mask of the solved samples, whether all are ok)``; raises / warns per
-        ``on_nonconvergence``.  ``bad_in``: samples dropped for NaN/Inf inputs (None: none)."""
+        ``on_nonconvergence``.  ``bad_in``: samples dropped for NaN/Inf inputs (None: none).
+        The mask is None when the solver knows every sample converged (nothing to mask)."""
         if stats.all_converged and self.backward != "unroll":
-            return stats.converged, True
+            return None, True
         nonfinite = stats.nonfinite if stats.nonfinite is not None else \
             torch.zeros_like(stats.converged)
         # an unrolled layer is K iterations by definition: only NaN/Inf fails it

@@ -276,7 +276,7 @@ class Matrix:
         return z @ self.m
 
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
-        return z @ self.m, MatrixT(self.m.detach().T)
+        return z @ self.m, MatrixT(_const(self.m).T)
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         return [(self.m, z.T @ g)] if self.m.requires_grad else []  # ∂<g, zM>/∂M
@@ -435,7 +435,7 @@ class Sum:
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         if self.affine is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
             c, m = self.affine
-            return torch.addmm(c, z, m), MatrixT(m.detach().T)
+            return torch.addmm(c, z, m), MatrixT(_const(m).T)
         out, jts = None, []
         for c, p in self.parts:
             v, jt = p.linearize(z)
@@ -486,6 +486,12 @@ class Compose:
         if jt_out is None:
             return outer
         return _join(outer, self.inner.param_vjp(z, jt_out(g)))
+
+
+def _const(t: torch.Tensor) -> torch.Tensor:
+    """``t`` out of the autograd graph (a transpose Jacobian is applied as a constant): detached
+    only when it is in one (a detach is an operation of its own)."""
+    return t.detach() if t.requires_grad else t
 
 
 def _is_one(c: Any) -> bool:

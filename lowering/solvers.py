@@ -54,7 +54,9 @@ class SolverStats:
     iterate was not finite, or, inside a compiled chunk whose plain norms over- or
     underflowed, where it is not known); ``converged[b]`` says the returned iterate of
     sample ``b`` meets ``tol``; ``nonfinite[b]`` says sample ``b`` produced NaN/Inf (it is
-    then not converged)."""
+    then not converged).  ``converged`` given as None is ``returned_residual <= tol`` and
+    ``nonfinite`` given as None is all False, each made on first read (a solve whose flags
+    nobody reads runs no tensor operation for them)."""
 
     solver: str
     #: ``(B, K)`` residual history, or the column blocks it is concatenated from on first read
@@ -62,7 +64,7 @@ class SolverStats:
     residuals_: torch.Tensor | tuple[torch.Tensor, ...]
     #: (B,) iterations until the sample first met tol (or K); None: computed on first access
     iterations_: torch.Tensor | None
-    converged: torch.Tensor  # (B,) bool
+    converged: torch.Tensor | None  # (B,) bool (None: from returned_residual, on first read)
     tol: float
     nonfinite: torch.Tensor | None = field(default=None)  # (B,) bool
     #: residual of the returned iterate per sample (None: the minimum of ``residuals``)
@@ -71,8 +73,29 @@ class SolverStats:
     all_converged: bool | None = field(default=None)
 
     def __post_init__(self) -> None:
+        if self.converged is None:
+            if self.returned_residual is None:
+                raise ValueError("SolverStats: converged=None needs returned_residual")
+            del self.converged  # made by __getattr__ on first read
         if self.nonfinite is None:
-            self.nonfinite = torch.zeros_like(self.converged)
+            del self.nonfinite
+
+    def __getattr__(self, name: str) -> Any:
+        """The flags given as None, made on first read (only called for missing attributes)."""
+        d = self.__dict__
+        if name == "nonfinite" and "returned_residual" in d:
+            ref = d["returned_residual"]
+            if ref is None:
+                ref = d["converged"] if "converged" in d else self.residuals[:, 0]
+            value = torch.zeros(ref.shape[0], dtype=torch.bool, device=ref.device)
+        elif name == "converged" and "returned_residual" in d:
+            value = d["returned_residual"] <= d["tol"]
+            if "nonfinite" in d:
+                value = value & ~d["nonfinite"]
+        else:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        d[name] = value
+        return value
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "residuals" in state:  # pickled before the history became lazy (``residuals_``)
@@ -156,6 +179,12 @@ class SolverStats:
                 f"{self.max_residual:.3e} (tol {self.tol:g})")
 
 
+# the dataclass keeps ``nonfinite``'s default (None) as a class attribute, which would shadow
+# ``__getattr__`` once the instance attribute is deleted; the generated ``__init__`` holds its
+# own copy of the default
+del SolverStats.nonfinite
+
+
 def scaled_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
     """``||d|| / max(||fz||, 1e-30)`` per sample, overflow-safe: both are divided by
     ``s = max(max|d|, max|fz|)`` before the norms (``||d/s||, ||fz/s|| ≤ √N``), so the ratio
@@ -212,6 +241,13 @@ def _norms_in_range(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float) -
     for a zero or non-finite norm.  One reduction, two reads."""
     lo, hi = torch.aminmax(den)
     return _scale_ok(float(lo) / (2.0 * math.sqrt(max(n, 1))), float(hi), dtype, tol)
+
+
+def _plain_norms(d: torch.Tensor, fz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(||fz||, ||d|| / ||fz||)`` per sample ``(B, 1)``, plain norms in the state's dtype
+    (what a lean record measures; no floor: 0/0 reads NaN and goes the general way)."""
+    den = _norm(fz, dim=1, keepdim=True)
+    return den, _norm(d, dim=1, keepdim=True) / den
 
 
 def fast_rel_residual(d: torch.Tensor, fz: torch.Tensor) -> torch.Tensor:
@@ -363,17 +399,12 @@ class Tracker:
             # in its own dtype, finite; anything else takes the general path below
             if d is None:
                 d = fz - z
-            den = _norm(fz, dim=1, keepdim=True)
-            r = _norm(d, dim=1, keepdim=True) / den
+            den, r = _plain_norms(d, fz)
             top = float(r.max())
             if math.isfinite(top) and (self._count or self._first_lean(den, fz)):
                 self.hist.append(r)
                 self._count += 1
-                self._best, self.best_fz, self._best_res, self._best_d = z, fz, r, d
-                self._den = den
-                self.top = self.worst = top
-                self._confirmed = None
-                self._done = self._plain_failed = False
+                self._latest(z, fz, r, d, den, top)
                 return top <= self.tol and self._confirm()
         if fz.requires_grad:  # solvers run under no_grad: detach only when needed
             fz, z = fz.detach(), z.detach()
@@ -433,6 +464,53 @@ class Tracker:
         if replay is not None:  # the same evolution as the first run; stop once all is kept
             return replay.capture(self._count - 1, z, fz) or done
         return done
+
+    def _latest(self, z: torch.Tensor, fz: torch.Tensor, r: torch.Tensor, d: torch.Tensor,
+                den: torch.Tensor, top: float) -> None:
+        """Make the iterate ``z`` (``fz = f(z)``, ``d = fz − z``, plain norms ``den`` and
+        residuals ``r``, worst ``top``) the latest recorded one (a lean record's bookkeeping)."""
+        self._best, self.best_fz, self._best_res, self._best_d, self._den = z, fz, r, d, den
+        self.top = self.worst = top
+        self._confirmed = None
+        self._done = self._plain_failed = False
+
+    def plain_loop(self, f: F, z: torch.Tensor, max_iter: int, watch: _AutoWatch | None = None
+                   ) -> tuple[torch.Tensor | None, int]:
+        """The eager loop of :func:`_plain_phase`: ``z ← f(z)`` recorded into this tracker
+        until every sample is done, ``max_iter`` evaluations or ``watch(k)`` says stop; then
+        ``(f(z) if watch stopped it else None, k)``.
+
+        Each iteration is :meth:`record`'s lean path inlined (the same arithmetic, the same
+        history), with the latest-iterate bookkeeping done only where it is read: before a
+        stop is confirmed, before ``watch`` is asked, and at the last iteration.  Anything the
+        lean path does not take goes through :meth:`record` itself."""
+        tol, hist = self.tol, self.hist
+        for k in range(1, max_iter + 1):
+            fz = f(z)
+            d = None
+            if self._lean and not fz.requires_grad:
+                d = fz - z
+                den, r = _plain_norms(d, fz)
+                top = float(r.max())
+                if math.isfinite(top) and (self._count or self._first_lean(den, fz)):
+                    hist.append(r)
+                    self._count += 1
+                    self.top = top
+                    ask = watch is not None and k >= watch.next
+                    if top <= tol or ask or k == max_iter:
+                        self._latest(z, fz, r, d, den, top)
+                        if top <= tol and self._confirm():
+                            return None, k
+                        if ask and watch(k):
+                            return fz, k
+                    z = fz
+                    continue
+            if self.record(z, fz, d):
+                return None, k
+            if watch is not None and k >= watch.next and watch(k):
+                return fz, k
+            z = fz
+        return None, max_iter
 
     def _first_lean(self, den: torch.Tensor, fz: torch.Tensor) -> bool:
         """Whether the first record may stay on the lean path: an image of the state's shape
@@ -554,13 +632,12 @@ class Tracker:
         best_res = self._returned_residual()[:, 0]
         res = (tuple(self.hist) if self.hist  # concatenated when first read
                else torch.zeros(b, 0, dtype=self._rdt, device=self._best.device))
-        done = best_res <= self.tol
-        if not self._any_nonfinite:
-            return SolverStats(self.name, res, None, done, self.tol, None, best_res,
+        if not self._any_nonfinite:  # the flags made when read: best_res <= tol, none non-finite
+            return SolverStats(self.name, res, None, None, self.tol, None, best_res,
                                True if self._done else None)
         nonfinite = self.nonfinite[:, 0]
-        return SolverStats(self.name, res, None, done & ~nonfinite, self.tol, nonfinite,
-                           best_res)
+        return SolverStats(self.name, res, None, (best_res <= self.tol) & ~nonfinite, self.tol,
+                           nonfinite, best_res)
 
 
 _Tracker = Tracker  # the name used before the solver state became public
@@ -788,15 +865,7 @@ def _plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
     plain iterates do not depend on the grouping."""
     steps = _COMPILED.get()
     if steps is None:  # the eager loop
-        z = z0
-        for k in range(1, max_iter + 1):
-            fz = f(z)
-            if tr.record(z, fz):
-                return None, k
-            if watch is not None and k >= watch.next and watch(k):
-                return fz, k
-            z = fz
-        return None, max_iter
+        return tr.plain_loop(f, z0, max_iter, watch)
     z, k = z0, 0
     rate = math.nan  # the worst residual's factor per iteration over the last group
     prev = math.nan  # the worst residual one iteration back (eager steps)
