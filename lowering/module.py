@@ -167,8 +167,7 @@ class EquilibriumModule(nn.Module):
     def dtype(self) -> torch.dtype:
         """The module's floating dtype (its parameters' after ``.to()``; inputs are cast to it,
         float16/bfloat16 modules solve in float32)."""
-        # the ParameterDict's own storage: its values() walks the container protocol per call
-        ref = next(iter(self.weights._parameters.values()), None)
+        ref = next(iter(self._weight_values().values()), None)
         if ref is None and self._const_names:
             ref = getattr(self, f"const_{self._const_names[0]}")
         return ref.dtype if ref is not None else self.config.dtype
@@ -248,9 +247,16 @@ class EquilibriumModule(nn.Module):
             self.derived = derived
 
     # ------------------------------------------------------------------ env & inputs
+    def _weight_values(self) -> dict[str, torch.Tensor]:
+        """The weights by name: the ParameterDict's own storage (same names and order as its
+        ``items()``, which walk the container protocol per call), unless a
+        ``torch.nn.utils.parametrize`` map replaced an entry by a computed value (its class
+        is then a generated subclass, and the entry is absent from that storage)."""
+        w = self.weights
+        return w._parameters if type(w) is nn.ParameterDict else dict(w.items())
+
     def _raw_env(self) -> dict[str, torch.Tensor]:
-        # the ParameterDict's own storage (same names and order as its items())
-        env: dict[str, torch.Tensor] = dict(self.weights._parameters)
+        env: dict[str, torch.Tensor] = dict(self._weight_values())
         for n in self._const_names:
             env[n] = getattr(self, f"const_{n}")
         for n in self._scalar_names:

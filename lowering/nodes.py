@@ -295,7 +295,10 @@ class GradSum(Node):
         key = (n, like.dtype, like.device)
         z = cache.get(key)
         if z is None or z._version:  # (a term that wrote into it gets a fresh one)
-            z = cache[key] = torch.zeros(1, n, dtype=like.dtype, device=like.device)
+            # a normal tensor also when made under inference_mode: an inference tensor has no
+            # version counter to read on the next call, and cannot enter a later autograd call
+            with torch.inference_mode(False):
+                z = cache[key] = torch.zeros(1, n, dtype=like.dtype, device=like.device)
         return z
 
     def __getstate__(self) -> dict[str, Any]:

@@ -37,6 +37,9 @@ _norm = torch.linalg.vector_norm
 #: unit round-off of the dtypes whose plain residuals can stand for the exact ones
 #: (:meth:`Tracker._plain_is_exact`)
 _EXACT_PLAIN = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+#: per such dtype ``√(tiny/u)``: the smallest ``tol·||fz||`` at which the squares a
+#: flush-denormal mode reads as 0 (those below ``tiny``) stay inside the rounding margin
+_FLUSH_SAFE = {dt: math.sqrt(torch.finfo(dt).tiny / u) for dt, u in _EXACT_PLAIN.items()}
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -584,6 +587,12 @@ class Tracker:
         n = fz[0].numel()
         margin = 4.0 * (n + 3) * _EXACT_PLAIN[fz.dtype]
         if margin >= 1e-2 or not self.top <= self.tol * (1.0 - margin):
+            return False
+        # ||fz|| ≥ 1e-30: the residual's floor does not apply (the plain ratio is the residual);
+        # tol·||fz|| ≥ √(tiny/u): the ≤ n·tiny a flush-denormal mode drops from ||d||² (squares
+        # below tiny read 0) stays below the margin's spare u·tol²·||fz||² ≥ tiny
+        lo = float(den.min())
+        if not (lo >= 1e-30 and lo * self.tol >= _FLUSH_SAFE[fz.dtype]):
             return False
         return _norms_in_range(den, n, fz.dtype, self.tol)
 
