@@ -237,13 +237,16 @@ def _scale_ok(lo: float, hi: float, dtype: torch.dtype, tol: float) -> bool:
 _SCALE_RANGE: dict[torch.dtype, tuple[float, float, float]] = {}
 
 
-def _norms_in_range(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float) -> bool:
+def _norms_in_range(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float,
+                    least: float = 0.0) -> bool:
     """:func:`_scale_ok` decided from plain per-sample norms ``den = ||x_b||`` of states with
     ``n`` entries, which bound each sample's largest entry, ``den/√n ≤ max|x_b| ≤ den``
-    (``den`` can only fall short of the true norm, by underflow; 2: round-off margin).  False
-    for a zero or non-finite norm.  One reduction, two reads."""
+    (``den`` can only fall short of the true norm, by underflow; 2: round-off margin), and
+    every norm at least ``least``.  False for a zero or non-finite norm.  One reduction, two
+    reads."""
     lo, hi = torch.aminmax(den)
-    return _scale_ok(float(lo) / (2.0 * math.sqrt(max(n, 1))), float(hi), dtype, tol)
+    lo_ = float(lo)
+    return lo_ >= least and _scale_ok(lo_ / (2.0 * math.sqrt(max(n, 1))), float(hi), dtype, tol)
 
 
 def _plain_norms(d: torch.Tensor, fz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -588,13 +591,11 @@ class Tracker:
         margin = 4.0 * (n + 3) * _EXACT_PLAIN[fz.dtype]
         if margin >= 1e-2 or not self.top <= self.tol * (1.0 - margin):
             return False
-        # ||fz|| ≥ 1e-30: the residual's floor does not apply (the plain ratio is the residual);
-        # tol·||fz|| ≥ √(tiny/u): the ≤ n·tiny a flush-denormal mode drops from ||d||² (squares
-        # below tiny read 0) stays below the margin's spare u·tol²·||fz||² ≥ tiny
-        lo = float(den.min())
-        if not (lo >= 1e-30 and lo * self.tol >= _FLUSH_SAFE[fz.dtype]):
-            return False
-        return _norms_in_range(den, n, fz.dtype, self.tol)
+        # every ||fz|| ≥ 1e-30: the residual's floor does not apply (the plain ratio is the
+        # residual); tol·||fz|| ≥ √(tiny/u): the ≤ n·tiny a flush-denormal mode drops from ||d||²
+        # (squares below tiny read 0) stays below the margin's spare u·tol²·||fz||² ≥ tiny
+        least = max(1e-30, _FLUSH_SAFE[fz.dtype] / self.tol)
+        return _norms_in_range(den, n, fz.dtype, self.tol, least)
 
     def _confirm(self) -> bool:
         if self._confirmed is None and self._plain_is_exact():

@@ -98,8 +98,10 @@ def test_a_broken_scale_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     """The property above can fail: a check that forgets the ``√n`` of the lower bound (reads
     ``min den`` as the smallest largest entry) skips exact mode on a flat state whose entries
     sit below the safe range while its norm, √n times larger, does not."""
-    def broken(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float) -> bool:
-        return _scale_ok(float(den.min()), float(den.max()), dtype, tol)
+    def broken(den: torch.Tensor, n: int, dtype: torch.dtype, tol: float,
+               least: float = 0.0) -> bool:
+        return float(den.min()) >= least and _scale_ok(float(den.min()), float(den.max()),
+                                                        dtype, tol)
 
     fi = torch.finfo(torch.float32)
     edge = 10 * fi.tiny ** 0.5 / 1e-6  # the smallest safe largest entry at tol 1e-6
