@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -19,16 +20,33 @@ def compile_disabled(fn: F) -> F:
     sympy, ~1 s) when ``lowering`` is imported.  ``torch.compile`` imports dynamo before it traces
     anything, so until then no compiled caller can exist and ``fn`` runs as is; afterwards every
     call goes through the disabled wrapper (same graph breaks as the decorator at definition).
+    A call made inside another such function's disabled region runs ``fn`` directly: dynamo is
+    off there already, and the wrapper's own cost (it switches the frame callback off and on)
+    was paid once by the outer call.
     """
     disabled: Callable[..., Any] | None = None
+
+    def inside(*args: Any, **kwargs: Any) -> Any:  # runs in the disabled region
+        prev = getattr(_STATE, "inside", False)
+        _STATE.inside = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _STATE.inside = prev
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
+        if getattr(_STATE, "inside", False):
+            return fn(*args, **kwargs)
         if disabled is None:
             if "torch._dynamo" not in sys.modules:
                 return fn(*args, **kwargs)
-            disabled = torch.compiler.disable(fn)
+            disabled = torch.compiler.disable(inside)
         return disabled(*args, **kwargs)
 
     return call  # type: ignore[return-value]
+
+
+#: per thread: whether the running code is inside a ``compile_disabled`` function's region
+_STATE = threading.local()
