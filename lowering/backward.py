@@ -301,13 +301,26 @@ def _adjoint_from_map(jt: Callable[[torch.Tensor], torch.Tensor], z: torch.Tenso
     return _linear_fixed_point(jt, v, cfg, "adjoint fixed point", problem.sink)
 
 
+class _Solved:
+    """The equilibrium handed to :class:`_ImplicitFixedPoint` as a non-tensor argument."""
+
+    __slots__ = ("z",)
+
+    def __init__(self, z: torch.Tensor):
+        self.z = z
+
+
 class _ImplicitFixedPoint(torch.autograd.Function):
     """Output ``z*``; backward ``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v``, differentiable (second order)."""
 
     @staticmethod
-    def forward(ctx: Any, z_star: torch.Tensor, problem: FixedPointProblem,
+    def forward(ctx: Any, z_star: _Solved, problem: FixedPointProblem,
                 *tensors: torch.Tensor) -> torch.Tensor:
-        out = z_star.clone()
+        # the solver's iterate is not an input of this function (it comes boxed), so it can be
+        # the output itself, without a copy; a view (a reshaped state) is copied, as an output
+        # that is a view of another tensor would refuse later in-place operations
+        z = z_star.z
+        out = z if z._base is None else z.clone()
         ctx.problem = problem
         # the output is saved (not z_star): in a second-order backward its dependence on θ is
         # again this implicit function
@@ -394,7 +407,7 @@ class ImplicitBackward:
                options: Any) -> torch.Tensor:
         """``z*`` with the exact implicit gradient attached."""
         z = z_star.detach() if z_star.requires_grad else z_star  # (the solvers' is not)
-        return _ImplicitFixedPoint.apply(z, problem, *problem.tensors)
+        return _ImplicitFixedPoint.apply(_Solved(z), problem, *problem.tensors)
 
 
 class _FirstOrderOnly(torch.autograd.Function):

@@ -488,8 +488,9 @@ class Tracker:
 
         Each iteration is :meth:`record`'s lean path inlined (the same arithmetic, the same
         history), with the latest-iterate bookkeeping done only where it is read: before a
-        stop is confirmed, before ``watch`` is asked, and at the last iteration.  Anything the
-        lean path does not take goes through :meth:`record` itself."""
+        stop is confirmed, when ``watch`` stops the loop (it reads ``top`` only, kept every
+        iteration), and at the last iteration.  Anything the lean path does not take goes
+        through :meth:`record` itself."""
         tol, hist = self.tol, self.hist
         for k in range(1, max_iter + 1):
             fz = f(z)
@@ -502,13 +503,13 @@ class Tracker:
                     hist.append(r)
                     self._count += 1
                     self.top = top
-                    ask = watch is not None and k >= watch.next
-                    if top <= tol or ask or k == max_iter:
+                    if top <= tol or k == max_iter:
                         self._latest(z, fz, r, d, den, top)
                         if top <= tol and self._confirm():
                             return None, k
-                        if ask and watch(k):
-                            return fz, k
+                    if watch is not None and k >= watch.next and watch(k):  # reads self.top
+                        self._latest(z, fz, r, d, den, top)
+                        return fz, k
                     z = fz
                     continue
             if self.record(z, fz, d):
