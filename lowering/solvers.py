@@ -1083,9 +1083,10 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
          ) -> tuple[torch.Tensor, SolverStats]:
     """Plain iteration while it converges fast, Anderson otherwise: Anderson from the start for
     states with ``N ≥ AUTO_ANDERSON_STATE``; below that, plain iteration, continued by Anderson
-    (from the current iterate, same statistics) once the worst residual's rate over the last
-    ``AUTO_WINDOW`` iterations predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further
-    plain iterations.  The choice depends on the residuals only (deterministic);
+    (from the current iterate, same statistics) once the worst residual's rate since the last
+    test predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further plain iterations
+    (tests every ``AUTO_WINDOW`` iterations, or after half the iterations the last test
+    predicted: :class:`_AutoWatch`).  The choice depends on the residuals only (deterministic);
     ``stats.solver`` says what ran (``"plain"``, ``"anderson"``, ``"plain→anderson"``)."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
@@ -1101,8 +1102,12 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
 
 class _AutoWatch:
     """``auto``'s switch test, asked by :func:`_plain_phase` after ``k`` evaluations once
-    ``k ≥ next``: the worst residual is compared every ``AUTO_WINDOW`` iterations (or at the
-    end of every compiled chunk: then over its length); True switches to Anderson."""
+    ``k ≥ next``: the worst residual's rate since the last test (``AUTO_WINDOW`` iterations
+    after the first) predicts the further plain iterations; more than ``min(AUTO_PLAIN_BUDGET,
+    left / 2)`` switches to Anderson (True).  Otherwise the next test comes after half the
+    predicted iterations, at least ``AUTO_WINDOW`` later: a rate that keeps up needs no
+    re-test sooner, and one that slows down is caught within half of what it had predicted
+    (each test costs as much as a few iterations of a small state)."""
 
     __slots__ = ("k", "max_iter", "next", "then", "tol", "tr")
 
@@ -1114,24 +1119,28 @@ class _AutoWatch:
         if k < self.next:
             return False
         top = self.tr.top
-        if self.k and _plain_too_slow(top, self.then, self.tol, self.max_iter - k, k - self.k):
-            return True
-        self.next, self.then, self.k = k + AUTO_WINDOW, top, k
+        step = AUTO_WINDOW
+        if self.k:
+            need = _plain_need(top, self.then, self.tol, k - self.k)
+            if need > min(AUTO_PLAIN_BUDGET, (self.max_iter - k) / 2):
+                return True
+            step = max(AUTO_WINDOW, int(need) // 2)
+        self.next, self.then, self.k = k + step, top, k
         return False
 
 
-def _plain_too_slow(now: float, then: float, tol: float, left: int,
-                    window: int = AUTO_WINDOW) -> bool:
-    """True when the worst residual's rate from ``then`` to ``now`` (``window`` iterations
-    apart) predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further iterations to
-    ``tol`` (a rate ≥ 1 predicts infinitely many)."""
+def _plain_need(now: float, then: float, tol: float, window: int) -> float:
+    """Further plain iterations to ``tol`` that the worst residual's rate from ``then`` to
+    ``now`` (``window`` iterations apart) predicts: ``log(tol/now) / log(rate)``, infinite for
+    a rate ≥ 1, 0 when done or not finite (non-finite samples are the tracker's business)."""
     if not (math.isfinite(now) and math.isfinite(then)) or now <= 0:
-        return False  # non-finite samples are handled by the tracker; 0 is done
+        return 0.0
     if now >= then:
-        return True
+        return math.inf
+    if now <= tol:
+        return 0.0
     rate = (now / then) ** (1.0 / window)
-    need = math.log(tol / now) / math.log(rate) if now > tol else 0.0
-    return need > min(AUTO_PLAIN_BUDGET, left / 2)
+    return math.log(tol / now) / math.log(rate)
 
 
 @register_solver("broyden")
