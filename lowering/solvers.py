@@ -100,6 +100,13 @@ class SolverStats:
         d[name] = value
         return value
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The state with both flags made: a reader of the pickle without :meth:`__getattr__`
+        (an earlier release) finds them as attributes."""
+        state = self.__dict__.copy()
+        state["converged"], state["nonfinite"] = self.converged, self.nonfinite
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "residuals" in state:  # pickled before the history became lazy (``residuals_``)
             state["residuals_"] = state.pop("residuals")
