@@ -64,3 +64,32 @@ def test_refused_stop_leaves_a_consistent_tracker(solver: str, max_iter: int) ->
     torch.testing.assert_close(st.final_residual.double(), r, rtol=1e-3, atol=0)
     assert torch.equal(st.converged, r <= 1e-6)
     assert st.residuals.shape[1] <= max_iter
+
+
+# ------------------------------------------------------------------ 3. compile_disabled nesting
+def test_a_disabled_function_stays_untraced_under_a_compile_inside_another() -> None:
+    """Inside one ``compile_disabled`` function's region a user's ``torch.compile``-d function
+    (a parametrisation, a term's helper) re-enables dynamo for its own frames; a
+    ``compile_disabled`` function it calls (another layer's forward) must still run untraced
+    (``is_compiling()`` False inside, as when the compiled function is called at top level),
+    not be inlined into the user's graph because the thread's flag says "inside"."""
+    import torch._dynamo  # noqa: F401  (what torch.compile imports; the wrapper then disables)
+
+    from lowering._compile import compile_disabled
+
+    seen: list[bool] = []
+
+    @compile_disabled
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.compiler.is_compiling())
+        return x * 2
+
+    g = torch.compile(lambda x: inner(x) + 1, backend="eager")
+
+    @compile_disabled
+    def outer(x: torch.Tensor) -> torch.Tensor:
+        return g(x)
+
+    x = torch.ones(3)
+    torch.testing.assert_close(outer(x), torch.full((3,), 3.0), rtol=0, atol=0)  # exact: 1·2+1
+    assert seen and not any(seen), seen
