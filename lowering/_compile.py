@@ -37,7 +37,9 @@ def compile_disabled(fn: F) -> F:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
-        if getattr(_STATE, "inside", False):
+        # (not while dynamo traces this call: a torch.compile-d function entered inside the
+        # region re-enables dynamo for its own frames, and fn must stay a graph break there)
+        if getattr(_STATE, "inside", False) and not torch.compiler.is_compiling():
             return fn(*args, **kwargs)
         if disabled is None:
             if "torch._dynamo" not in sys.modules:

@@ -73,7 +73,7 @@ def test_a_disabled_function_stays_untraced_under_a_compile_inside_another() -> 
     ``compile_disabled`` function it calls (another layer's forward) must still run untraced
     (``is_compiling()`` False inside, as when the compiled function is called at top level),
     not be inlined into the user's graph because the thread's flag says "inside"."""
-    import torch._dynamo  # noqa: F401  (what torch.compile imports; the wrapper then disables)
+    import torch._dynamo  # what torch.compile imports (the wrapper then disables)
 
     from lowering._compile import compile_disabled
 
