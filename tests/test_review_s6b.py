@@ -93,3 +93,29 @@ def test_a_disabled_function_stays_untraced_under_a_compile_inside_another() -> 
     x = torch.ones(3)
     torch.testing.assert_close(outer(x), torch.full((3,), 3.0), rtol=0, atol=0)  # exact: 1·2+1
     assert seen and not any(seen), seen
+
+
+# ------------------------------------------------------------------ 4. the boxed equilibrium
+@pytest.mark.parametrize("backward", ["implicit", "phantom"])
+def test_the_output_shares_no_storage_with_a_warm_start(backward: str) -> None:
+    """The output is now the solver's iterate itself (no copy).  Warm-started at the
+    equilibrium, the solve stops at its first record, whose iterate is ``z0``: the output must
+    still be a tensor of its own, so that an in-place change of it (here under no_grad) leaves
+    the caller's ``z0`` and input untouched (exact comparisons: nothing is computed)."""
+    import lowering
+    from benchmarks.common import qp_objective, qp_weight
+
+    layer = lowering.lower(qp_objective(qp_weight(8, 8, norm=0.8, seed=0)))
+    mod = layer.torch_module(weight_control=None, tol=1e-8, max_iter=300, backward_tol=1e-8,
+                             backward_max_iter=300, dtype=torch.float64, backward=backward)
+    torch.manual_seed(0)
+    q = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    z0 = mod(q).detach()
+    keep_z0, keep_q = z0.clone(), q.detach().clone()
+    out = mod(q, z0=z0)
+    assert mod.last_stats.residuals.shape[1] == 1  # stopped at its first record: best is z0
+    assert out.untyped_storage().data_ptr() != z0.untyped_storage().data_ptr()
+    assert out.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+    with torch.no_grad():
+        out.add_(1.0)
+    assert torch.equal(z0, keep_z0) and torch.equal(q.detach(), keep_q)
