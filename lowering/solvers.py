@@ -42,6 +42,14 @@ _EXACT_PLAIN = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 _FLUSH_SAFE = {dt: math.sqrt(torch.finfo(dt).tiny / u) for dt, u in _EXACT_PLAIN.items()}
 
 
+def _meets(r: torch.Tensor, tol: float) -> torch.Tensor:
+    """``r <= tol`` elementwise, exactly: a float32/16 residual is compared in float64, where
+    ``tol`` is not rounded (torch rounds a Python scalar to the tensor's dtype, and a ``tol`` that
+    float32 rounds up would pass residuals up to one float32 step above it).  The same decision
+    as the solvers' stop test, which compares Python floats."""
+    return (r if r.dtype == torch.float64 else r.double()) <= tol
+
+
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype solver bookkeeping (Gram matrices, small solves) runs in: float64 for
     float32/16 states (their round-off, squared in a Gram matrix, stalls Anderson near 1e-4),
@@ -92,7 +100,7 @@ class SolverStats:
                 ref = d["converged"] if "converged" in d else self.residuals[:, 0]
             value = torch.zeros(ref.shape[0], dtype=torch.bool, device=ref.device)
         elif name == "converged" and "returned_residual" in d:
-            value = d["returned_residual"] <= d["tol"]
+            value = _meets(d["returned_residual"], d["tol"])
             if "nonfinite" in d:
                 value = value & ~d["nonfinite"]
         else:
@@ -129,7 +137,7 @@ class SolverStats:
             b, k = res.shape
             iters = torch.full((b,), k, dtype=torch.long, device=res.device)
             if k:
-                met = res <= self.tol
+                met = _meets(res, self.tol)
                 first = met.to(torch.int8).argmax(dim=1) + 1
                 iters = torch.where(self.converged & met.any(dim=1), first, iters)
             self.iterations_ = iters
@@ -654,7 +662,7 @@ class Tracker:
             return SolverStats(self.name, res, None, None, self.tol, None, best_res,
                                True if self._done else None)
         nonfinite = self.nonfinite[:, 0]
-        return SolverStats(self.name, res, None, (best_res <= self.tol) & ~nonfinite, self.tol,
+        return SolverStats(self.name, res, None, _meets(best_res, self.tol) & ~nonfinite, self.tol,
                            nonfinite, best_res)
 
 
@@ -742,7 +750,7 @@ def _per_sample_best(fn: Callable[..., tuple[torch.Tensor, SolverStats]]
         rows = need.reshape((-1,) + (1,) * (z.ndim - 1))
         zb = torch.where(rows, rep.z, z)
         rr = torch.where(need, r, last_r)
-        return zb, SolverStats(st.solver, st.residuals, None, (rr <= tol) & ~nonfinite, st.tol,
+        return zb, SolverStats(st.solver, st.residuals, None, _meets(rr, tol) & ~nonfinite, st.tol,
                                st.nonfinite, rr)
 
     return run

@@ -237,3 +237,30 @@ def test_flat_and_shaped_inputs_take_the_same_route() -> None:
     assert fast["q"].dtype == torch.float64 and torch.equal(fast["q"], q.double())
     general = mod._inputs({"q": q})
     assert torch.equal(general["q"], fast["q"])
+
+
+@pytest.mark.parametrize("tol", [0.3, 1e-3, 0.1, 1e-6 * (1 + 2**-30)])
+def test_flags_compare_with_the_unrounded_tolerance(tol: float) -> None:
+    """A float32 residual equal to ``tol`` rounded *up* to float32 lies above ``tol``: it is not
+    converged, and ``iterations`` does not count it as a pass (torch would round the Python
+    scalar to float32 in ``r <= tol`` and admit it).  The flags decide as the stop test does,
+    on exact values."""
+    t32 = float(torch.tensor(tol, dtype=torch.float32))
+    if not t32 > tol:  # rounds down: step up to the next float32
+        t32 = float(torch.nextafter(torch.tensor(tol, dtype=torch.float32),
+                                    torch.tensor(1.0)))
+    assert t32 > tol
+    r = torch.tensor([t32, 0.5 * tol], dtype=torch.float32)
+    st = solvers.SolverStats("t", r[:, None], None, None, tol, None, r)
+    assert st.converged.tolist() == [False, True]
+    assert st.iterations.tolist() == [1, 1]  # K = 1 for the sample that never met tol
+    assert not bool(solvers._meets(r[:1], tol)[0])
+
+
+def test_a_solve_one_float32_step_above_tol_is_not_converged() -> None:
+    """End to end: ``f(z) = 1`` from ``z = 0.7`` leaves a float32 residual of 0.3000000119,
+    above ``tol = 0.3`` (which float32 rounds to that very value)."""
+    _, st = solvers.solve(lambda x: torch.ones_like(x), torch.tensor([[0.7]]), "plain", tol=0.3,
+                          max_iter=1)
+    assert float(st.final_residual[0]) > 0.3
+    assert not bool(st.converged[0])
