@@ -483,7 +483,7 @@ class EquilibriumModule(nn.Module):
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
 
-    @compile_disabled
+    # (no compile_disabled of its own: called only from _forward's disabled region)
     def _nonfinite_inputs(self, inputs: dict[str, torch.Tensor], b: int,
                           device: torch.device) -> torch.Tensor | None:
         """Samples with NaN/Inf inputs: named in a ``NonFiniteError``, or (mask mode) returned
@@ -589,7 +589,7 @@ class EquilibriumModule(nn.Module):
             problem.plan, problem.leaves = planned
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
-    @compile_disabled
+    # (no compile_disabled of its own: called only from _forward's disabled region)
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
                steps: CompiledSteps | None = None, planned: bool = False
                ) -> tuple[torch.Tensor, SolverStats]:
