@@ -9,6 +9,11 @@ gradient switch, the symmetric Gram matrix, the joined residual history).
    until Python's cyclic collector happened to run, instead of being freed when the last
    reference went.  The linearisation must be taken at an alias of the output, not at the
    output object.
+2. ``GradSum._gram`` (the Gram forms of ``½||Az||²`` terms) is keyed by ``id(term)`` and was
+   copied as is by ``copy.deepcopy``/pickle of the node tree: a copied layer's terms are new
+   objects, so its keys were stale — the Gram plan silently dropped (``Aᵀ(A·)`` per iteration),
+   and an object that reuses a freed term's address could be handed another term's operator.
+   (A whole module is safe: its derived layer holds closures, so a copy re-lowers it.)
 """
 
 from __future__ import annotations
@@ -97,3 +102,71 @@ def test_forward_linearisation_still_used_and_exact(problems: list) -> None:
     problems[-1]().linear = None  # the backward linearises (as before the forward did)
     (zr * c).sum().backward()
     assert torch.equal(xx.grad, ref_x.grad)
+
+
+# ------------------------------------------- 2. the Gram forms keyed by the terms' own ids
+def _grad_sums(layer) -> list:  # type: ignore[no-untyped-def]
+    from lowering.nodes import GradSum
+
+    out: list = []
+    seen: set[int] = set()
+
+    def walk(o: object) -> None:
+        if id(o) in seen or not type(o).__module__.startswith(("lowering", "convex_eq")):
+            return
+        seen.add(id(o))
+        if isinstance(o, GradSum):
+            out.append(o)
+        for v in getattr(o, "__dict__", {}).values():
+            for x in (v if isinstance(v, (list, tuple)) else
+                      v.values() if isinstance(v, dict) else [v]):
+                walk(x)
+
+    for n in layer.nodes.values():
+        walk(n)
+    return out
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_layer_keeps_its_gram_forms(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GradSum._gram`` is keyed by ``id(term)``.  A copy of the derived layer (``copy.deepcopy``,
+    or a pickle of the node tree) has new term objects: its keys must be theirs.  With the
+    original's ids the copy silently lost the Gram plan (``Aᵀ(A·)`` at every iteration instead
+    of the ``n×n`` matrix), and a later object reusing a freed term's id would have been given
+    another term's operator."""
+    import copy
+    import pickle
+
+    from lowering import plan as pl
+
+    layer = lowering.lower(qp_objective(qp_weight(128, norm=0.9, seed=0)))
+    if how == "deepcopy":
+        other = copy.deepcopy(layer)
+    else:  # the node tree itself (a whole layer holds closures: a module re-lowers it)
+        other = copy.copy(layer)
+        other.nodes = pickle.loads(pickle.dumps(layer.nodes))
+    sums = _grad_sums(other)
+    assert sums and any(s._gram for s in _grad_sums(layer))
+    for s in sums:
+        assert set(s._gram) <= {id(t) for t in s.terms}
+        assert len(s._gram) == len(next(o for o in _grad_sums(layer)
+                                        if o.block.name == s.block.name)._gram)
+    made: list[str] = []
+    orig = pl.Matrix.__init__
+
+    def init(self, m, *args, **kw):  # type: ignore[no-untyped-def]
+        made.append("Matrix")
+        orig(self, m, *args, **kw)
+
+    monkeypatch.setattr(pl.Matrix, "__init__", init)
+    x = torch.randn(8, 64, dtype=torch.float64)
+    mods = [lay.torch_module(weight_control=None, dtype=torch.float64, tol=1e-10)
+            for lay in (layer, other)]
+    outs = []
+    for mod in mods:
+        made.clear()
+        outs.append(mod(x))
+        assert made == ["Matrix"]  # the Gram plan, in the original and in the copy
+    # the same layer: the same output (the Gram applied to the same weights; 1e-12 relative
+    # leaves room for nothing but a BLAS whose reductions are not run-to-run deterministic)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-12, atol=0.0)
