@@ -516,32 +516,49 @@ class Tracker:
         iteration), and at the last iteration.  Anything the lean path does not take goes
         through :meth:`record` itself."""
         tol, hist, norm = self.tol, self.hist, _norm
+        # the tracker's lean flag, record count and latest worst residual live in locals while
+        # the lean path runs (fewer attribute reads and writes per iteration); they are written
+        # back before anything reads them: a confirmation, the watch, a general record, a return
+        lean, count = self._lean, self._count
+        never = max_iter + 1
+        ask = watch.next if watch is not None else never  # the watch is asked once k ≥ ask
         for k in range(1, max_iter + 1):
             fz = f(z)
             d = None
-            if self._lean and not fz.requires_grad:
+            if lean and not fz.requires_grad:
                 d = fz - z
                 den = norm(fz, dim=1, keepdim=True)  # _plain_norms, inline
                 r = norm(d, dim=1, keepdim=True).div_(den)
                 top = float(r.max())
-                if math.isfinite(top) and (self._count or self._first_lean(den, fz)):
+                if math.isfinite(top) and (count or self._first_lean(den, fz)):
                     hist.append(r)
-                    self._count += 1
-                    self.top = top
+                    count += 1
                     if top <= tol or k == max_iter:
+                        self._count = count
                         self._latest(z, fz, r, d, den, top)
                         if top <= tol and self._confirm():
                             return None, k
-                    if watch is not None and k >= watch.next and watch(k):  # reads self.top
-                        self._latest(z, fz, r, d, den, top)
-                        return fz, k
+                        # a refused stop: measured exactly from now on, its exact worst kept
+                        lean, top = self._lean, self.top
+                    if k >= ask:
+                        self._count, self.top = count, top  # (the watch reads top)
+                        if watch(k):  # type: ignore[misc]
+                            self._latest(z, fz, r, d, den, top)
+                            return fz, k
+                        ask = watch.next  # type: ignore[union-attr]
                     z = fz
                     continue
+                lean = self._lean  # (the first record's scale check may switch it off)
+            self._count = count
             if self.record(z, fz, d):
                 return None, k
-            if watch is not None and k >= watch.next and watch(k):
-                return fz, k
+            lean, count = self._lean, self._count
+            if k >= ask:
+                if watch(k):  # type: ignore[misc]
+                    return fz, k
+                ask = watch.next  # type: ignore[union-attr]
             z = fz
+        self._count = count
         return None, max_iter
 
     def _first_lean(self, den: torch.Tensor, fz: torch.Tensor) -> bool:
