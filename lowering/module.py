@@ -430,9 +430,12 @@ class EquilibriumModule(nn.Module):
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
                                         compiled and compiled[0], planned is not None)
         ok, all_ok = self._judge(stats, bad_in)
+        # batch index of each solved sample (None: the solve saw the whole batch), so that the
+        # backward's statistics and messages name batch samples, not rows of a subset
+        solved = torch.nonzero(~bad_in).flatten() if bad_in is not None else None
         if all_ok:
             z = z_star if self.backward == "unroll" else self._attach(
-                fn, tensors, z_star, z0, planned, compiled and compiled[1])
+                fn, tensors, z_star, z0, planned, compiled and compiled[1], solved, b)
         else:  # gradients through the accepted samples only; the others are NaN
             assert ok is not None
             rows = torch.nonzero(ok).flatten()
@@ -440,7 +443,8 @@ class EquilibriumModule(nn.Module):
             if self.backward == "unroll":
                 z_ok, _ = self._unroll(lambda z: fn(z, sub), z0[ok])
             else:
-                z_ok = self._attach(fn, sub, z_star[ok], z0[ok])
+                z_ok = self._attach(fn, sub, z_star[ok], z0[ok], None, None,
+                                    rows if solved is None else solved[rows], b)
             z = z_star.detach().clone().index_put((rows,), z_ok)
             z = torch.where(ok[:, None], z, torch.full_like(z, float("nan")))
         z = self.derived.output(z, inputs, env)  # the layer's outputs (the state without a map)
@@ -530,19 +534,26 @@ class EquilibriumModule(nn.Module):
 
     def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
                 z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None,
-                steps: CompiledSteps | None = None) -> torch.Tensor:
+                steps: CompiledSteps | None = None, rows: torch.Tensor | None = None,
+                batch: int = 0) -> torch.Tensor:
         """The backward strategy's differentiable output at ``z_star`` (detached when no
         tensor needs a gradient); ``planned``: the forward's plan and the leaves it was built
-        from (the implicit backward then linearises the plan instead of ``T``)."""
+        from (the implicit backward then linearises the plan instead of ``T``); ``rows``: the
+        batch index of each row of ``z_star`` when it holds a subset of the ``batch`` samples
+        (masked ones left out), None when it holds them all."""
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return z_star.detach()
         cfg = self.config
         adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
                             cfg.on_nonconvergence, cfg.backward.adjoint,
-                            not self._batch_coupled, steps if planned is not None else None)
+                            not self._batch_coupled, steps if planned is not None else None,
+                            rows)
 
         def sink(st: SolverStats) -> None:
-            self.__dict__["last_backward_stats"] = st  # a plain attribute (as last_stats)
+            # a plain attribute (as last_stats), over the whole batch: samples left out of the
+            # backward read not converged, residual NaN
+            self.__dict__["last_backward_stats"] = st if rows is None else \
+                _spread_stats(st, rows, batch, dropped_nonfinite=False)
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
         if planned is not None and planned[1]:  # built with autograd from leaf copies
@@ -676,21 +687,30 @@ def _rel(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 def _expand_stats(stats: SolverStats, keep: torch.Tensor) -> SolverStats:
     """Statistics of the solved subset spread back over the batch (dropped samples: not
     converged, non-finite, NaN residuals)."""
-    b = keep.shape[0]
+    return _spread_stats(stats, torch.nonzero(keep).flatten(), keep.shape[0],
+                         dropped_nonfinite=True)
+
+
+def _spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
+                  dropped_nonfinite: bool) -> SolverStats:
+    """Statistics of a subset (row ``i`` is batch sample ``rows[i]``, ascending) spread over the
+    ``b`` samples of the batch: the others not converged, 0 iterations, NaN residuals, and
+    non-finite as ``dropped_nonfinite`` says."""
     k = stats.residuals.shape[1]
-    res = torch.full((b, k), float("nan"), dtype=stats.residuals.dtype)
-    res[keep] = stats.residuals
-    it = torch.zeros(b, dtype=stats.iterations.dtype)
-    it[keep] = stats.iterations
-    conv = torch.zeros(b, dtype=torch.bool)
-    conv[keep] = stats.converged
-    nf = torch.ones(b, dtype=torch.bool)
+    dev = stats.residuals.device
+    res = torch.full((b, k), float("nan"), dtype=stats.residuals.dtype, device=dev)
+    res[rows] = stats.residuals
+    it = torch.zeros(b, dtype=stats.iterations.dtype, device=dev)
+    it[rows] = stats.iterations
+    conv = torch.zeros(b, dtype=torch.bool, device=dev)
+    conv[rows] = stats.converged
+    nf = torch.full((b,), dropped_nonfinite, dtype=torch.bool, device=dev)
     assert stats.nonfinite is not None
-    nf[keep] = stats.nonfinite
+    nf[rows] = stats.nonfinite
     ret = None
     if stats.returned_residual is not None:
-        ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype)
-        ret[keep] = stats.returned_residual
+        ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype, device=dev)
+        ret[rows] = stats.returned_residual
     return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
 
 

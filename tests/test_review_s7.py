@@ -1,0 +1,89 @@
+"""Review s7: option combinations of the emitted module against independent references.
+
+1. ``on_nonconvergence='mask'`` leaves samples out of the backward (NaN inputs, or forward
+   solves that failed); the adjoint then runs on the remaining rows, and its statistics and
+   its failure message used to index those *rows*: ``last_backward_stats`` had fewer entries
+   than the batch and the warning named the wrong samples (row 0 for batch sample 1, …).
+   Both must name batch samples; the reference is each sample's backward run alone.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import lowering
+from convex_eq import Antiderivative, Input, SqNorm, State, Weight
+from convex_eq.errors import ConvergenceError, ConvergenceWarning
+
+F64 = torch.float64
+
+
+def _layer() -> lowering.DerivedLayer:
+    """OptEq ``z = Wᵀrelu(Wz + Ux + b)`` with ``||W||₂ = 0.97`` and a non-orthogonal ``W``:
+    the samples' contraction rates differ (their active sets do)."""
+    z, x = State("z", 6), Input("x", 4)
+    w0 = np.random.default_rng(0).normal(size=(6, 6))
+    w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * 0.97)
+    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) - 0.5)
+    return lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z))
+
+
+def _inputs() -> torch.Tensor:
+    return torch.randn(8, 4, dtype=F64, generator=torch.Generator().manual_seed(0)) * 2
+
+
+def _adjoint_fails_alone(layer, state: dict, x: torch.Tensor, opts: dict) -> bool:
+    """Whether sample ``x`` (one row) fails its adjoint solve when run alone (raise mode).
+    Plain iteration treats samples independently and each flag describes that sample's own
+    returned iterate, so a sample fails alone exactly when it fails inside a batch."""
+    m = layer.torch_module(**{**opts, "on_nonconvergence": "raise"})
+    m.load_state_dict(state)
+    xi = x.clone().requires_grad_()
+    try:
+        m(xi).sum().backward()
+    except ConvergenceError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("drop", ["nan_input", "forward_failure"])
+def test_masked_backward_names_batch_samples(drop: str) -> None:
+    """With samples masked out, the adjoint failure warning names the batch indices of the
+    samples whose adjoint fails (the same set as each sample's backward run alone), and
+    ``last_backward_stats`` covers the whole batch: converged exactly where the sample's
+    adjoint converges alone, not converged (NaN residual) for the masked samples."""
+    layer = _layer()
+    x = _inputs()
+    opts = dict(dtype=F64, solver="plain", tol=1e-8,
+                max_iter=500 if drop == "nan_input" else 30,
+                backward_adjoint="iterative", backward_solver="plain", backward_max_iter=3)
+    if drop == "nan_input":
+        x[0] = float("nan")
+    m = layer.torch_module(**opts, on_nonconvergence="mask")
+    xs = x.clone().requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = m(xs)
+        masked = torch.isnan(out).any(dim=1)
+        torch.nansum(out).backward()
+    assert masked.any() and not masked.all()  # the case under test: some samples left out
+    state = m.state_dict()
+    kept = [i for i in range(8) if not masked[i]]
+    fails = [i for i in kept if _adjoint_fails_alone(layer, state, x[i:i + 1], opts)]
+    assert fails  # the case under test: some adjoint solves fail
+    msgs = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
+            and str(w.message).startswith("backward:")]
+    assert len(msgs) == 1
+    named = [int(i) for i in re.search(r"indices ([0-9, ]+)", msgs[0]).group(1).split(", ")]
+    assert named == fails
+    st = m.last_backward_stats
+    assert st.converged.shape == (8,)
+    for i in range(8):  # booleans: exact
+        assert bool(st.converged[i]) == (i in kept and i not in fails), i
+    assert torch.isnan(st.residuals[masked]).all()
+    assert st.failed_indices == sorted(set(fails) | set(torch.nonzero(masked).flatten().tolist()))
