@@ -6,7 +6,7 @@ usually holds), so the certified quantity cannot exceed its bound at any step:
 * ``W ↦ W · min(1, (bound − margin) / σ̄(W))`` gives ``||A(W_eff)||₂ ≤ bound − margin`` exactly
   (up to one rounding of the scale, far below ``margin``);
 * ``σ̄`` is computed by a unit found in :data:`NORM_BOUNDS` (by operator type): the exact norm
-  ``σ = uᵀ A v`` from a dense SVD (top singular pair ``u, v`` cached per weight version, the
+  ``σ = uᵀ A v`` from a dense SVD (top singular pair ``u, v`` cached per weight value, the
   value and its gradient ``u vᵀ`` evaluated through the operator, so autograd gives the true
   gradient of what is computed), or, for a 2-D convolution, the largest singular value over
   the DFT frequencies of a circulant embedding (``max_ω σ_max(K̂(ω))``, an upper bound of the
@@ -76,17 +76,19 @@ def _dense_matrix(op: Any, env: dict) -> torch.Tensor:
 
 @register_norm_bound("LinOp")
 def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
-    """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per version of
+    """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per value of
     the weight); value and gradient flow through ``op.apply``."""
     w = env[name]
     key = (name, w._version, w.data_ptr(), str(w.dtype))
     cached = control.cache.get(name)
-    if cached is None or cached[0] != key:
+    # the version counter misses writes through ``w.data`` (``W.data.copy_(pretrained)``): a
+    # stale pair would give ``uᵀAv < ||A||₂`` (no bound at all), so the values are compared too
+    if cached is None or cached[0] != key or not torch.equal(cached[3], w.detach()):
         M = _dense_matrix(op, env)
         U, _, Vh = torch.linalg.svd(M, full_matrices=False)
-        cached = (key, U[:, 0].contiguous(), Vh[0].contiguous())
+        cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
         control.cache[name] = cached
-    _, u, v = cached
+    _, u, v, _ = cached
     av = op.apply(v.to(w.dtype)[None], env)[0]
     return (u.to(av.dtype) * av).sum().to(torch.float64)
 

@@ -87,3 +87,27 @@ def test_masked_backward_names_batch_samples(drop: str) -> None:
         assert bool(st.converged[i]) == (i in kept and i not in fails), i
     assert torch.isnan(st.residuals[masked]).all()
     assert st.failed_indices == sorted(set(fails) | set(torch.nonzero(masked).flatten().tolist()))
+
+
+# 2. Weight control cached the top singular pair of a weight by its version counter and data
+#    pointer; a write through ``.data`` (``W.data.copy_(pretrained)``) changes neither, so the
+#    stale pair's ``uᵀAv`` (not an upper bound of the new ``||A||₂``) set the scale from then
+#    on: the layer ran with ``||W_eff||₂ = 3.1`` against the certified 0.99.
+def test_weight_control_sees_writes_through_data() -> None:
+    """After ``W.data.copy_(new)`` the controlled weight is ``new·min(1, target/||new||₂)``
+    (the reference: a float64 SVD norm of ``new``; 1e-12: a few roundings of a 6×6 SVD and a
+    product, far below the 2.1 the stale pair gave)."""
+    z, x = State("z", 6), Input("x", 4)
+    w = Weight("W", (6, 6), np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0] * 0.5)
+    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    m = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z)
+                       ).torch_module(dtype=F64)
+    m(_inputs()[:3])  # the pair of the declared W is cached
+    new = torch.randn(6, 6, dtype=F64, generator=torch.Generator().manual_seed(1))
+    m.weights["W"].data.copy_(new)  # neither version nor data pointer changes
+    target = m.weight_control.targets[0][2]
+    ref = new * min(1.0, target / float(torch.linalg.matrix_norm(new, 2)))
+    for _ in range(2):  # the first call after the write and the next (a refreshed cache)
+        w_eff = m.env()["W"].detach()
+        assert float((w_eff - ref).abs().max()) < 1e-12
+        assert float(torch.linalg.matrix_norm(w_eff, 2)) <= target * (1 + 1e-12)
