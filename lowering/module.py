@@ -400,8 +400,8 @@ class EquilibriumModule(nn.Module):
             ref = next((v for v in env.values() if v.is_floating_point()),
                        torch.zeros((), dtype=out_dtype))
         dt = torch.float32 if out_dtype in HALF else out_dtype
-        z0 = self._initial(z0, b, dt, ref.device)
         bad_in = self._nonfinite_inputs(inputs, b, ref.device)  # None: every input finite
+        z0 = self._initial(z0, b, dt, ref.device, bad_in)
         if bad_in is not None:
             keep = ~bad_in
             warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
@@ -495,7 +495,10 @@ class EquilibriumModule(nn.Module):
             self.__dict__["_compiled"] = have
         return have
 
-    def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
+    def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device,
+                 bad_in: torch.Tensor | None = None) -> torch.Tensor:
+        """The flat start ``(B, N)``: zeros, or the given warm start, which must be finite
+        except in the samples ``bad_in`` (NaN/Inf inputs, dropped from the solve)."""
         if z0 is None:
             return torch.zeros(b, self.state_size, dtype=dt, device=dev)
         if not isinstance(z0, torch.Tensor) or z0.ndim == 0 or z0.shape[0] != b \
@@ -505,7 +508,21 @@ class EquilibriumModule(nn.Module):
                 f"{self.state_size}) with B = {b} (or (B, *block shape))", term="forward",
                 hint="pass z0 as a tensor with one flat state per sample",
             )
-        return z0.reshape(b, self.state_size).to(dt)
+        z = z0.reshape(b, self.state_size).to(dt)
+        with torch.no_grad():  # one reduction (a finite norm means finite entries)
+            bad = None if math.isfinite(float(torch.linalg.vector_norm(z))) else \
+                ~torch.isfinite(z).all(dim=1)
+            if bad is not None and bad_in is not None:
+                bad &= ~bad_in  # dropped samples: their start is never used
+            if bad is not None and bool(bad.any()):
+                # a NaN/Inf start would be reported as a diverged solve (and, warm-starting
+                # from masked outputs, keep those samples NaN from call to call)
+                raise NonFiniteError(
+                    f"z0 contains NaN or Inf in samples {_indices(bad)}"
+                    + (f" (after the cast to {dt})" if z0.dtype != dt else ""), term="forward",
+                    hint="pass a finite warm start (e.g. torch.nan_to_num(z0) for outputs "
+                    "masked by on_nonconvergence='mask'), or leave z0 out to start from 0")
+        return z
 
     def _plan(self, keys_in: list[str], keys_env: list[str], tensors: list[torch.Tensor],
               z0: torch.Tensor) -> tuple[Plan, list[torch.Tensor]] | None:
