@@ -18,7 +18,7 @@ import torch
 
 import lowering
 from convex_eq import Antiderivative, Input, SqNorm, State, Weight
-from convex_eq.errors import ConvergenceError, ConvergenceWarning, NonFiniteError
+from convex_eq.errors import ConvergenceError, ConvergenceWarning, NonFiniteError, OptionError
 
 F64 = torch.float64
 
@@ -144,3 +144,73 @@ def test_nonfinite_warm_start_is_named(mode: str, solver: str) -> None:
     assert torch.isnan(out[2]).all()
     assert float(ref.abs().max()) < 10
     assert float((out[[0, 1, 3]] - ref).abs().max()) < 1e-7
+
+
+# 4. Weight control's norm ``σ = uᵀAv`` holds the singular pair fixed: exact value and first
+#    derivative, but a second derivative w.r.t. a rescaled weight misses the pair's change
+#    (a Hessian-vector product w.r.t. W came out 4 % off, silently).  It now refuses with a
+#    typed error while the rescaling is active; everything exact keeps working.
+def _controlled(norm: float) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    z, x = State("z", 6), Input("x", 4)
+    w0 = np.random.default_rng(0).normal(size=(6, 6))
+    w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * norm)
+    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "weight control rescales 'W'" (norm > 1)
+        m = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z)
+                           ).torch_module(dtype=F64, tol=1e-13, max_iter=3000,
+                                          backward_tol=1e-13, backward_max_iter=3000)
+    g = torch.Generator().manual_seed(0)
+    return m, torch.randn(3, 4, dtype=F64, generator=g), torch.randn(3, 6, dtype=F64, generator=g)
+
+
+def _directional_fd(fn, p: torch.Tensor, d: torch.Tensor, h: float = 1e-5) -> torch.Tensor:
+    with torch.no_grad():
+        p += h * d
+    plus = fn().detach()
+    with torch.no_grad():
+        p -= 2 * h * d
+    minus = fn().detach()
+    with torch.no_grad():
+        p += h * d
+    return (plus - minus) / (2 * h)
+
+
+def test_hessian_through_active_weight_control_is_refused() -> None:
+    m, x, c = _controlled(1.3)  # ||W||₂ = 1.3 > 1: the layer uses W·0.99/1.3
+    w = m.weights["W"]
+    with pytest.raises(OptionError, match="second-order gradients through the weight control"):
+        (g,) = torch.autograd.grad((m(x) * c).sum(), w, create_graph=True)
+        torch.autograd.grad(g.sum(), w)  # (before: a Hessian 4 % off, silently)
+    (g1,) = torch.autograd.grad((m(x) * c).sum(), w)  # first order: unaffected
+    assert torch.isfinite(g1).all()
+
+
+@pytest.mark.parametrize("norm", [0.8, 1.3])
+def test_second_order_that_is_exact_still_runs(norm: float) -> None:
+    """Exact second-order paths against central differences of first-order gradients
+    (float64, solves at 1e-13; h = 1e-5 gives O(h²) ≈ 1e-10 plus 1e-13/h ≈ 1e-8 relative:
+    1e-6 is a hundred times that): a gradient penalty ``||∂ℓ/∂x||²`` differentiated w.r.t. the
+    rescaled W (only the scale's first derivative enters), and, with the rescaling inactive
+    (``||W||₂ = 0.8``), the Hessian-vector product w.r.t. W itself."""
+    m, x, c = _controlled(norm)
+    w = m.weights["W"]
+    d = torch.randn(6, 6, dtype=F64, generator=torch.Generator().manual_seed(3))
+    xs = x.clone().requires_grad_()
+
+    def penalty() -> torch.Tensor:
+        (gx,) = torch.autograd.grad((m(xs) * c).sum(), xs, create_graph=True)
+        return (gx ** 2).sum()
+
+    (gw,) = torch.autograd.grad(penalty(), w)
+    fd = _directional_fd(penalty, w, d)
+    assert abs(float((gw * d).sum()) - float(fd)) <= 1e-6 * abs(float(fd))
+    if norm > 1:
+        return
+
+    def grad_w() -> torch.Tensor:
+        return torch.autograd.grad((m(x) * c).sum(), w, create_graph=True)[0]
+
+    (hvp,) = torch.autograd.grad((grad_w() * d).sum(), w)
+    fd = _directional_fd(grad_w, w, d)
+    assert float((hvp - fd).abs().max()) <= 1e-6 * float(fd.abs().max())
