@@ -90,7 +90,9 @@ def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
         control.cache[name] = cached
     _, u, v, _ = cached
     av = op.apply(v.to(w.dtype)[None], env)[0]
-    return (u.to(av.dtype) * av).sum().to(torch.float64)
+    sig = (u.to(av.dtype) * av).sum().to(torch.float64)
+    target = next((t for _, n, t in control.targets if n == name), None)
+    return sig if target is None else _FirstOrderNorm.apply(sig, target, name)
 
 
 @register_norm_bound("_ConvNd")
@@ -204,14 +206,14 @@ class WeightControl:
                         module.weights[name].mul_(target / sig)
                 env[name] = module.weights[name]
             else:
-                sig = _FirstOrderNorm.apply(norm_bound(op, name, env, self), target, name)
+                sig = norm_bound(op, name, env, self)
                 scale = torch.clamp(target / sig, max=1.0).to(env[name].dtype)
                 env[name] = env[name] * scale
         return env
 
 
 class _FirstOrderNorm(torch.autograd.Function):
-    """Identity on the norm bound ``σ̄``, whose derivative is exact to first order only: the
+    """Identity on :func:`exact_norm`'s ``σ``, whose derivative is exact to first order only: the
     singular pair ``u, v`` of ``σ = uᵀAv`` is held fixed, so ``d²σ`` misses the pair's own
     change (a Hessian w.r.t. a rescaled weight came out 4 % off).  Its backward refuses
     ``create_graph=True`` with a typed error while the rescaling is active (``σ̄ > target``;
