@@ -658,7 +658,9 @@ class EquilibriumModule(nn.Module):
 
     def _hint(self) -> str:
         """What to change — never an option that is already set."""
-        tips = [f"raise max_iter (now {self.max_iter})"]
+        tips = [f"raise max_iter (now {self.max_iter})" if self.sam is None else
+                f"raise SAMConfig.max_iter (now {self.sam.max_iter}) or its tol (now "
+                f"{self.sam.tol:g})"]
         if self.solver not in ("anderson", "auto") and self.sam is None:
             tips.append("use solver='anderson'")
         if self.weight_control is None and norm_conditions(self.derived):

@@ -214,3 +214,36 @@ def test_second_order_that_is_exact_still_runs(norm: float) -> None:
     (hvp,) = torch.autograd.grad((grad_w() * d).sum(), w)
     fd = _directional_fd(grad_w, w, d)
     assert float((hvp - fd).abs().max()) <= 1e-6 * float(fd.abs().max())
+
+
+# 5. With ``sam=`` the SAM iteration stops by ``SAMConfig.tol``/``max_iter`` (defaults 1e-2 and
+#    5000): a ``tol=1e-8`` passed next to it was silently ignored (``module.tol`` read 1e-8, the
+#    flags said "converged" at a residual of 1e-2), and a failure's hint said "raise max_iter
+#    (now 100)", an option SAM does not read.
+def _sam_layer():
+    from convex_eq.models import opteq
+
+    return lowering.lower(opteq(n=4, m=4, d=2, seed=0))
+
+
+def test_sam_refuses_forward_solve_options() -> None:
+    import convex_eq as ce
+
+    d = _sam_layer()
+    cfg = lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]))
+    for opts in ({"tol": 1e-8}, {"max_iter": 50}, {"solver": "anderson"}):
+        with pytest.raises(OptionError, match=r"SAMConfig\(tol=\.\.\., max_iter=\.\.\.\)"):
+            d.torch_module(sam=cfg, **opts)
+    d.torch_module(sam=cfg, backward_tol=1e-8)  # the adjoint's options stay available
+
+
+def test_sam_failure_hint_names_sam_options() -> None:
+    import convex_eq as ce
+
+    d = _sam_layer()
+    m = d.torch_module(sam=lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]), tol=1e-12, max_iter=3),
+                       dtype=F64)
+    with pytest.raises(ConvergenceError) as err:
+        m(torch.randn(2, 2, dtype=F64, generator=torch.Generator().manual_seed(0)))
+    assert "SAMConfig.max_iter (now 3)" in str(err.value)
+    assert "raise max_iter" not in str(err.value)
