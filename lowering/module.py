@@ -387,6 +387,9 @@ class EquilibriumModule(nn.Module):
                  steps: int) -> Any:
         """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
         compiled = self._compiled_steps(steps) if steps else None
+        # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
+        # so that a call that raises never leaves an earlier call's statistics behind
+        self.__dict__["last_stats"] = None
         out_dtype = self.dtype
         inputs = self._inputs(x, out_dtype)
         env = self.env()
@@ -429,6 +432,9 @@ class EquilibriumModule(nn.Module):
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
                                         compiled and compiled[0], planned is not None)
+        # over the whole batch (dropped samples: non-finite), kept when _judge raises
+        batch_stats = stats if bad_in is None else _expand_stats(stats, ~bad_in)
+        self.__dict__["last_stats"] = batch_stats
         ok, all_ok = self._judge(stats, bad_in)
         # batch index of each solved sample (None: the solve saw the whole batch), so that the
         # backward's statistics and messages name batch samples, not rows of a subset
@@ -451,10 +457,9 @@ class EquilibriumModule(nn.Module):
         if bad_in is not None:  # put the dropped samples back (NaN)
             full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
             z = full.index_put((torch.nonzero(keep).flatten(),), z)
-            stats = _expand_stats(stats, keep)
+            stats = batch_stats
         if out_dtype in HALF:
             z = z.to(out_dtype)
-        self.__dict__["last_stats"] = stats  # a plain attribute (no nn.Module bookkeeping)
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
 

@@ -247,3 +247,25 @@ def test_sam_failure_hint_names_sam_options() -> None:
         m(torch.randn(2, 2, dtype=F64, generator=torch.Generator().manual_seed(0)))
     assert "SAMConfig.max_iter (now 3)" in str(err.value)
     assert "raise max_iter" not in str(err.value)
+
+
+# 6. ``last_stats`` was written only when a call returned: after a ``ConvergenceError`` (or a
+#    ``NonFiniteError`` for NaN inputs) it still held the previous call's statistics, "all
+#    converged", to whoever caught the error and logged the solver state.
+def test_last_stats_describe_the_call_that_raised() -> None:
+    layer = _layer()
+    x = _inputs()
+    m = layer.torch_module(dtype=F64, solver="plain", tol=1e-8, max_iter=500)
+    m(x[:3])  # a converged call first
+    assert bool(m.last_stats.converged.all())
+    m.config.forward.max_iter = 5  # (the same module, now failing)
+    with pytest.raises(ConvergenceError) as err:
+        m(x)
+    st = m.last_stats
+    assert st is not None and st.converged.shape == (8,)
+    named = [int(i) for i in re.search(r"indices ([0-9, ]+)", str(err.value)).group(1).split(", ")]
+    assert st.failed_indices == named
+    x[2] = float("nan")
+    with pytest.raises(NonFiniteError):
+        m(x)
+    assert m.last_stats is None  # nothing was solved in that call
