@@ -84,9 +84,12 @@ def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
     # the version counter misses writes through ``w.data`` (``W.data.copy_(pretrained)``): a
     # stale pair would give ``uᵀAv < ||A||₂`` (no bound at all), so the values are compared too
     if cached is None or cached[0] != key or not torch.equal(cached[3], w.detach()):
-        M = _dense_matrix(op, env)
-        U, _, Vh = torch.linalg.svd(M, full_matrices=False)
-        cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
+        # normal tensors also when made under inference_mode: the pair is multiplied into the
+        # autograd graph of a later training call (an inference tensor cannot be saved there)
+        with torch.inference_mode(False):
+            M = _dense_matrix(op, env)
+            U, _, Vh = torch.linalg.svd(M, full_matrices=False)
+            cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
         control.cache[name] = cached
     _, u, v, _ = cached
     av = op.apply(v.to(w.dtype)[None], env)[0]

@@ -269,3 +269,26 @@ def test_last_stats_describe_the_call_that_raised() -> None:
     with pytest.raises(NonFiniteError):
         m(x)
     assert m.last_stats is None  # nothing was solved in that call
+
+
+# 7. The weight control's singular pair, recomputed inside ``torch.inference_mode()`` (an
+#    evaluation after an optimizer step), was cached as inference tensors; the next training
+#    call of a float64 module multiplied them into its graph: "Inference tensors cannot be
+#    saved for backward" on the second epoch of a train / evaluate loop.
+def test_training_after_an_inference_mode_evaluation() -> None:
+    """Gradients after an ``inference_mode`` evaluation equal those of a fresh module with the
+    same weights (1e-12: the same float64 operations on the same values; the SVD of the same
+    matrix may differ in the last bits between calls only through threading, not here)."""
+    m, x, c = _controlled(0.9)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+    (m(x) * c).sum().backward()
+    opt.step()  # the weights change: the next call recomputes the pair
+    with torch.inference_mode():
+        m(x)
+    opt.zero_grad()
+    (m(x) * c).sum().backward()
+    fresh, _, _ = _controlled(0.9)
+    fresh.load_state_dict(m.state_dict())
+    (fresh(x) * c).sum().backward()
+    for name, p in m.weights.items():
+        assert float((p.grad - fresh.weights[name].grad).abs().max()) <= 1e-12, name
