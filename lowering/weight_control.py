@@ -152,6 +152,8 @@ class WeightControl:
             raise OptionError("margin must lie in [0, 1)", term="torch_module")
         self.mode, self.margin = mode, margin
         self.cache: dict[str, Any] = {}
+        #: ``project``: per weight, the (version, data pointer) and values it was left at
+        self.projected: dict[str, Any] = {}
         self.targets: list[tuple[Any, str, float]] = []
         for op, bound in norm_conditions(derived):
             ws = [s for s in op.symbols() if s.kind == "weight"]
@@ -189,7 +191,7 @@ class WeightControl:
         self.targets = out
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "cache": {}}
+        return {**self.__dict__, "cache": {}, "projected": {}}
 
     def norms(self, env: dict) -> dict[str, tuple[float, float]]:
         """``name → (σ̄ of the controlled operator at env, target)`` (for logging and tests)."""
@@ -203,11 +205,21 @@ class WeightControl:
         env = dict(env)
         for op, name, target in self.targets:
             if self.mode == "project" and module.training:
-                with torch.no_grad():
-                    sig = float(norm_bound(op, name, env, self))
-                    if sig > target:
-                        module.weights[name].mul_(target / sig)
-                env[name] = module.weights[name]
+                p = module.weights[name]
+                # measured once per change of the weight: a projected weight's norm is the
+                # target up to a rounding, and projecting it again for that rounding would
+                # write into a parameter an earlier forward's graph still holds (a loss over
+                # two calls then failed in backward: "modified by an inplace operation")
+                done = getattr(self, "projected", {}).get(name)  # (older pickles: none)
+                if done is None or done[0] != (p._version, p.data_ptr()) \
+                        or not torch.equal(done[1], p.detach()):
+                    with torch.no_grad():
+                        sig = float(norm_bound(op, name, env, self))
+                        if sig > target:
+                            p.mul_(target / sig)
+                    self.__dict__.setdefault("projected", {})[name] = (
+                        (p._version, p.data_ptr()), p.detach().clone())
+                env[name] = p
             else:
                 sig = norm_bound(op, name, env, self)
                 scale = torch.clamp(target / sig, max=1.0).to(env[name].dtype)
