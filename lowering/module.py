@@ -39,7 +39,14 @@ from .nodes import broadcast_batch, partial_evaluation
 from .plan import Plan, PlanContext, Root
 from .sam import sam_iterate
 from .scalars import LearnableScalar, check_learnable
-from .solvers import CompiledSteps, SolverStats, Tracker, compiled_steps, get_solver
+from .solvers import (
+    CompiledSteps,
+    SolverStats,
+    Tracker,
+    _empty_stats,
+    compiled_steps,
+    get_solver,
+)
 from .weight_control import WeightControl, norm_conditions
 
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
@@ -604,6 +611,9 @@ class EquilibriumModule(nn.Module):
 
     def _unroll(self, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
         """``K`` plain iterations with autograd; the returned point is the last iterate."""
+        if z0.shape[0] == 0:  # an empty batch (e.g. every sample masked out): nothing to
+            # measure; one application keeps the (empty) output in the graph of the weights
+            return f(z0), _empty_stats("unroll", z0, self.tol)
         tr = Tracker("unroll", z0, self.tol)
         z = z0
         for _ in range(self.config.backward.unroll_steps):

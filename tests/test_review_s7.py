@@ -340,3 +340,33 @@ def test_project_mode_two_calls_in_one_loss(dtype: torch.dtype) -> None:
             got = float(torch.linalg.matrix_norm(m.weights["W"].detach().double(), 2))
             # the projection's own rounding: a few ulps of the weight's dtype
             assert got <= target * (1 + 16 * torch.finfo(dtype).eps), (seed, move, got)
+
+
+# 9. ``backward='unroll'`` on an empty batch — every sample masked out (all inputs NaN, or
+#    every unrolled iterate non-finite) — crashed in the residual bookkeeping ("max():
+#    Expected reduction dim …"), where the other strategies return NaN outputs.
+@pytest.mark.parametrize("case", ["empty", "all_nan_inputs", "all_diverge"])
+def test_unroll_over_no_sample(case: str) -> None:
+    """The outputs are NaN (empty for an empty batch), the statistics cover the batch with no
+    sample converged, and the backward runs (zero input gradients: no sample reaches it)."""
+    layer = _layer()
+    x = _inputs()[:3]
+    opts = dict(dtype=F64, backward="unroll", on_nonconvergence="mask")
+    if case == "empty":
+        x = x[:0]
+    elif case == "all_nan_inputs":
+        x[:] = float("nan")
+    else:  # ||W||₂ = 3 without control: the unrolled iterates overflow to inf / NaN
+        opts.update(weight_control=None, unroll_steps=2000)
+    m = layer.torch_module(**opts)
+    if case == "all_diverge":
+        with torch.no_grad():
+            m.weights["W"].mul_(3.0 / 0.97)
+    xs = x.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # the masked samples, announced
+        out, st = m(xs, return_stats=True)
+    assert out.shape == (x.shape[0], 6) and bool(torch.isnan(out).all())
+    assert st.converged.shape == (x.shape[0],) and not bool(st.converged.any())
+    torch.nansum(out).backward()
+    assert xs.grad is not None and float(xs.grad.abs().sum()) == 0.0
