@@ -370,3 +370,22 @@ def test_unroll_over_no_sample(case: str) -> None:
     assert st.converged.shape == (x.shape[0],) and not bool(st.converged.any())
     torch.nansum(out).backward()
     assert xs.grad is not None and float(xs.grad.abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("case", ["empty", "all_nan_inputs"])
+def test_sam_over_no_sample(case: str) -> None:
+    """The same for the SAM iteration (its own tracker crashed on zero samples)."""
+    import convex_eq as ce
+
+    d = _sam_layer()
+    m = d.torch_module(sam=lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]), max_iter=50),
+                       dtype=F64, on_nonconvergence="mask")
+    x = torch.randn(3, 2, dtype=F64, generator=torch.Generator().manual_seed(0))
+    x = x[:0] if case == "empty" else x * float("nan")
+    xs = x.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        out, st = m(xs, return_stats=True)
+    assert bool(torch.isnan(out).all()) and not bool(st.converged.any())
+    torch.nansum(out).backward()
+    assert xs.grad is not None and float(xs.grad.abs().sum()) == 0.0
