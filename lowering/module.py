@@ -47,7 +47,7 @@ from .solvers import (
     compiled_steps,
     get_solver,
 )
-from .weight_control import WeightControl, norm_conditions
+from .weight_control import WeightControl, controlled_conditions
 
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
     from .derived import DerivedLayer
@@ -123,9 +123,11 @@ class EquilibriumModule(nn.Module):
                 self._scalar_names.append(s.name)
         wc = cfg.weight_control
         mode = wc.mode
-        if mode == "auto":
-            mode = "spectral_norm" if (norm_conditions(derived) or wc.bounds) else None
-        self.weight_control = WeightControl(derived, mode, wc.margin, wc.bounds) \
+        trainable = list(self.weights.keys())  # weights, and constants made learnable
+        if mode == "auto":  # conditions on constants alone hold as declared: nothing to control
+            mode = "spectral_norm" if (controlled_conditions(derived, trainable)
+                                       or wc.bounds) else None
+        self.weight_control = WeightControl(derived, mode, wc.margin, wc.bounds, trainable) \
             if mode is not None else None
         if self.weight_control is not None and wc.mode == "auto":
             self.weight_control.calibrate(self._raw_env())
@@ -678,7 +680,8 @@ class EquilibriumModule(nn.Module):
                 f"{self.sam.tol:g})"]
         if self.solver not in ("anderson", "auto") and self.sam is None:
             tips.append("use solver='anderson'")
-        if self.weight_control is None and norm_conditions(self.derived):
+        if self.weight_control is None and controlled_conditions(self.derived,
+                                                                 list(self.weights.keys())):
             tips.append("keep the certified norms below their bounds with "
                         "weight_control='spectral_norm' (off here)")
         if self.on_nonconvergence == "raise" and not self._batch_coupled:

@@ -19,7 +19,7 @@ parameter in place before each training forward.  See ``docs/theory.md`` §8.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -136,6 +136,21 @@ def norm_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
     return exact_norm(op, name, env, control)
 
 
+def controlled_conditions(derived: Any, trainable: Collection[str] | None = None
+                          ) -> list[tuple[Any, str, float]]:
+    """``(operator, weight name, bound)`` for the norm conditions whose operator reads exactly
+    one trainable tensor (``trainable``: their names — the weights, and constants made
+    learnable; None: the symbols declared as weights).  A condition on constants alone holds
+    as declared and needs no control."""
+    out = []
+    for op, bound in norm_conditions(derived):
+        ws = [s for s in op.symbols()
+              if (s.name in trainable if trainable is not None else s.kind == "weight")]
+        if len(ws) == 1:
+            out.append((op, ws[0].name, bound))
+    return out
+
+
 class WeightControlWarning(UserWarning):
     """Weight control changed weights the user declared (they violated the certificate)."""
 
@@ -144,7 +159,8 @@ class WeightControl:
     """Applies the chosen control to every weight with a spectral-norm condition."""
 
     def __init__(self, derived: Any, mode: str, margin: float,
-                 bounds: dict[str, float] | None = None):
+                 bounds: dict[str, float] | None = None,
+                 trainable: Collection[str] | None = None):
         if mode not in MODES:
             raise OptionError(f"unknown weight_control {mode!r}", term="torch_module",
                               hint=f"use one of {MODES}")
@@ -155,10 +171,8 @@ class WeightControl:
         #: ``project``: per weight, the (version, data pointer) and values it was left at
         self.projected: dict[str, Any] = {}
         self.targets: list[tuple[Any, str, float]] = []
-        for op, bound in norm_conditions(derived):
-            ws = [s for s in op.symbols() if s.kind == "weight"]
-            if len(ws) == 1:
-                self.targets.append((op, ws[0].name, bound - margin))
+        for op, name, bound in controlled_conditions(derived, trainable):
+            self.targets.append((op, name, bound - margin))
         for name, bound in (bounds or {}).items():
             op = _operator_for(derived, name)
             self.targets = [t for t in self.targets if t[1] != name]

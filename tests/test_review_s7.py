@@ -389,3 +389,35 @@ def test_sam_over_no_sample(case: str) -> None:
     assert bool(torch.isnan(out).all()) and not bool(st.converged.any())
     torch.nansum(out).backward()
     assert xs.grad is not None and float(xs.grad.abs().sum()) == 0.0
+
+
+# 10. A norm condition on a ``Constant`` (``||C||₂ ≤ 1`` of Theorem 1 with a fixed operator)
+#     made the default ``weight_control='auto'`` pick spectral-norm control, which then found
+#     no *weight* to control and refused to build the module ("weight control requested …",
+#     hint ``weight_bounds={'W': 1.0}``, a weight that does not exist).  A fixed constant needs
+#     no control; a constant made learnable (``learnable_constants=True``) does.
+@pytest.mark.parametrize("learnable", [False, True])
+def test_norm_condition_on_a_constant(learnable: bool) -> None:
+    from convex_eq import Constant
+
+    z, x = State("z", 6), Input("x", 4)
+    c0 = np.random.default_rng(0).normal(size=(6, 6))
+    cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
+    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    layer = lowering.lower(Antiderivative("relu", cmat @ z + u @ x + b).conjugate() - SqNorm(z))
+    assert "||C||₂ ≤ 1" in str(layer.certificate)
+    m = layer.torch_module(dtype=F64, learnable_constants=learnable)
+    if not learnable:
+        assert m.weight_control is None
+        return
+    assert [(name, t) for _, name, t in m.weight_control.targets] == [("C", 0.99)]
+    xs = _inputs()[:4]
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    for _ in range(10):  # a loss that pushes ||C|| up
+        loss = -(m(xs) ** 2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # the controlled C, by a float64 SVD (1e-12: roundings of a 6×6 norm and one product)
+    assert float(torch.linalg.matrix_norm(m.env()["C"].detach(), 2)) <= 0.99 + 1e-12
+    assert float(torch.linalg.matrix_norm(m.weights["C"].detach(), 2)) > 0.99  # it was pushed
