@@ -121,6 +121,10 @@ class EquilibriumModule(nn.Module):
                 self.register_buffer(f"scalar_{s.name}",
                                      torch.tensor(float(s.value), dtype=torch.float64))
                 self._scalar_names.append(s.name)
+        if not len(self.weights) and not self._const_names:
+            # no tensor follows .to()/.double()/.half() otherwise: the dtype would stay the
+            # configured one (a float64 input then cast down to float32, silently)
+            self.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
         wc = cfg.weight_control
         mode = wc.mode
         trainable = list(self.weights.keys())  # weights, and constants made learnable
@@ -179,6 +183,8 @@ class EquilibriumModule(nn.Module):
         ref = next(iter(self._weight_values().values()), None)
         if ref is None and self._const_names:
             ref = getattr(self, f"const_{self._const_names[0]}")
+        if ref is None:  # a layer without tensors of its own: the dtype buffer
+            ref = self._buffers.get("dtype_ref")
         return ref.dtype if ref is not None else self.config.dtype
 
     @property

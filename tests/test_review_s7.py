@@ -421,3 +421,25 @@ def test_norm_condition_on_a_constant(learnable: bool) -> None:
     # the controlled C, by a float64 SVD (1e-12: roundings of a 6×6 norm and one product)
     assert float(torch.linalg.matrix_norm(m.env()["C"].detach(), 2)) <= 0.99 + 1e-12
     assert float(torch.linalg.matrix_norm(m.weights["C"].detach(), 2)) > 0.99  # it was pushed
+
+
+# 11. A layer without tensor weights or constants (e.g. ½||z||² − <x, z> + 0.1||z||₁) had
+#     nothing for ``.to()`` / ``.double()`` to convert: ``module.dtype`` stayed the configured
+#     float32, so after ``.double()`` float64 inputs were cast down and float32 came out.
+@pytest.mark.parametrize("move", ["double", "to", "half"])
+def test_weightless_layer_follows_to(move: str) -> None:
+    import convex_eq as ce
+    from convex_eq import L1, Linear
+
+    z, x = State("z", 4), Input("x", 4)
+    m = lowering.lower(ce.Objective([SqNorm(z), -Linear(x, z), L1(z) * 0.1])).torch_module()
+    assert not list(m.parameters())
+    want = {"double": F64, "to": F64, "half": torch.float16}[move]
+    m = m.double() if move == "double" else m.to(F64) if move == "to" else m.half()
+    xs = 1.0 + 1e-9 * torch.arange(8, dtype=F64).reshape(2, 4)
+    out = m(xs)
+    assert m.dtype == want and out.dtype == want
+    if want == F64:  # the prox of the L1 term: soft-threshold(x, 0.1), exact in float64
+        # (the 1e-9 steps are below float32 resolution: a float32 solve would erase them)
+        assert float((out - (xs - 0.1)).abs().max()) <= 1e-15
+    assert "dtype_ref" not in m.state_dict()  # not persistent: state dicts are unchanged
