@@ -33,8 +33,10 @@ from .solvers import (
     SolverStats,
     accumulation_dtype,
     compiled_steps,
+    compiled_steps_set,
     exact_rel_residual,
     get_solver,
+    grad_off,
 )
 
 
@@ -92,6 +94,10 @@ class FixedPointProblem:
     #: (detached copies of ``tensors``): the first-order implicit backward linearises it
     plan: Any = None
     leaves: list[torch.Tensor] | None = None
+    #: ``(z*, Jᵀ at z*)``: the plan linearised in the forward, right after the solve (its
+    #: operations are the ones the solve just ran, still in the caches; the backward then
+    #: starts with the adjoint solve), or None (the backward linearises)
+    linear: tuple[torch.Tensor, Any] | None = None
 
     def with_grad(self, z: torch.Tensor, tensors: Sequence[torch.Tensor],
                   needs: Sequence[bool]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -151,9 +157,14 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
     """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver."""
     solver = get_solver(cfg.solver)
     plus_fn = getattr(apply, "plus_fn", None)  # a plan's Jᵀ fuses the affine step (addmm)
-    with torch.no_grad(), compiled_steps(cfg.compiled_steps if plus_fn is not None else None):
-        y, st = solver(plus_fn(rhs) if plus_fn is not None else (lambda y: apply(y) + rhs),
-                       rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+    step = plus_fn(rhs) if plus_fn is not None else (lambda y: apply(y) + rhs)
+    steps = cfg.compiled_steps if plus_fn is not None else None
+    with grad_off():
+        if steps is None and not compiled_steps_set():  # eager already: no context to enter
+            y, st = solver(step, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+        else:
+            with compiled_steps(steps):
+                y, st = solver(step, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
     if sink is not None:
         sink(st)
     _report(st, cfg, what)
@@ -238,7 +249,10 @@ def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tens
     (no autograd per adjoint iteration), then ``(∂T/∂θ)ᵀ g`` (:func:`param_grads`)."""
     plan, leaves = problem.plan, problem.leaves
     assert leaves is not None
-    _, jt = plan.linearize(z, value=False)  # a first-order backward runs with gradients off
+    if problem.linear is not None:  # linearised in the forward, at the same point
+        z, jt = problem.linear
+    else:
+        _, jt = plan.linearize(z, value=False)  # a first-order backward runs without gradients
     g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
     return param_grads(plan, z, g, leaves, needs)
 
@@ -249,7 +263,7 @@ def param_grads(plan: Any, z: torch.Tensor, g: torch.Tensor, leaves: list[torch.
     reached): in closed form for the plan's state-free tensors (``param_vjp``), autograd only
     from those to the weights and inputs they were built from; one backward of ``T(z)`` when
     some part of the plan has no closed form."""
-    with torch.no_grad():
+    with grad_off():
         pairs = plan.param_vjp(z, g)
     grads: list[torch.Tensor | None] = [None] * len(needs)
     if pairs is None:
@@ -410,8 +424,14 @@ class ImplicitBackward:
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:
-        """``z*`` with the exact implicit gradient attached."""
+        """``z*`` with the exact implicit gradient attached; a plan is linearised at ``z*`` here,
+        right after the solve, as a hand-written layer computes its activation's derivative
+        (``Jᵀ`` is the same whenever the backward runs: the saved output is ``z*`` itself,
+        and an in-place change of it still fails the backward's saved-tensor check)."""
         z = z_star.detach() if z_star.requires_grad else z_star  # (the solvers' is not)
+        if problem.plan is not None and z.ndim == 2:
+            with grad_off():  # (the plan's leaves need gradients; its derivative does not)
+                problem.linear = (z, problem.plan.linearize(z, value=False)[1])
         return _ImplicitFixedPoint.apply(_Solved(z), problem, *problem.tensors)
 
 

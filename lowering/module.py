@@ -45,7 +45,9 @@ from .solvers import (
     Tracker,
     _empty_stats,
     compiled_steps,
+    compiled_steps_set,
     get_solver,
+    grad_off,
 )
 from .weight_control import WeightControl, controlled_conditions
 
@@ -180,7 +182,11 @@ class EquilibriumModule(nn.Module):
     def dtype(self) -> torch.dtype:
         """The module's floating dtype (its parameters' after ``.to()``; inputs are cast to it,
         float16/bfloat16 modules solve in float32)."""
-        ref = next(iter(self._weight_values().values()), None)
+        return self._dtype_from(self._weight_values())
+
+    def _dtype_from(self, weights: dict[str, torch.Tensor]) -> torch.dtype:
+        """:attr:`dtype` from the weights as :meth:`_weight_values` gives them."""
+        ref = next(iter(weights.values()), None)
         if ref is None and self._const_names:
             ref = getattr(self, f"const_{self._const_names[0]}")
         if ref is None:  # a layer without tensors of its own: the dtype buffer
@@ -270,8 +276,10 @@ class EquilibriumModule(nn.Module):
         w = self.weights
         return w._parameters if type(w) is nn.ParameterDict else dict(w.items())
 
-    def _raw_env(self) -> dict[str, torch.Tensor]:
-        env: dict[str, torch.Tensor] = dict(self._weight_values())
+    def _raw_env(self, weights: dict[str, torch.Tensor] | None = None
+                 ) -> dict[str, torch.Tensor]:
+        env: dict[str, torch.Tensor] = dict(
+            self._weight_values() if weights is None else weights)
         for n in self._const_names:
             env[n] = getattr(self, f"const_{n}")
         for n in self._scalar_names:
@@ -292,7 +300,11 @@ class EquilibriumModule(nn.Module):
 
         Shapes are checked on every call; finiteness of a weight once per change of the weight
         (``tensor._version``), i.e. once per optimizer step, not on every forward."""
-        env = self._raw_env()
+        return self._env(self._weight_values())
+
+    def _env(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`env` from the weights as :meth:`_weight_values` gives them."""
+        env = self._raw_env(weights)
         for n, t in env.items():
             want = self._shapes.get(n)
             if want is not None and tuple(t.shape) != want:
@@ -373,8 +385,11 @@ class EquilibriumModule(nn.Module):
         return torch.cat([out[b.name] for b in self.blocks], dim=-1)
 
     def _shape_out(self, z: torch.Tensor) -> Any:
+        if self.__dict__.get("_flat_out") == z.shape[1]:  # one flat block (checked before)
+            return z
         blocks = self.derived.output_blocks
         if len(blocks) == 1 and blocks[0].shape == (z.shape[1],):  # one flat block: z itself
+            self.__dict__["_flat_out"] = z.shape[1]
             return z
         parts, o = {}, 0
         for b in blocks:
@@ -405,9 +420,12 @@ class EquilibriumModule(nn.Module):
         # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
         # so that a call that raises never leaves an earlier call's statistics behind
         self.__dict__["last_stats"] = None
-        out_dtype = self.dtype
+        weights = self._weight_values()
+        out_dtype = self._dtype_from(weights)
         inputs = self._inputs(x, out_dtype)
-        env = self.env()
+        # (a disabled region already: env()'s own wrapper is not needed; an env set on the
+        # instance, e.g. a test substituting a weight, is honoured)
+        env = self._env(weights) if "env" not in self.__dict__ else self.env()
         if out_dtype in HALF:  # solved in float32; gradients flow back through the casts
             inputs = {k: v.float() for k, v in inputs.items()}
             env = {k: (v.float() if v.dtype in HALF else v) for k, v in env.items()}
@@ -419,7 +437,9 @@ class EquilibriumModule(nn.Module):
                        torch.zeros((), dtype=out_dtype))
         dt = torch.float32 if out_dtype in HALF else out_dtype
         bad_in = self._nonfinite_inputs(inputs, b, ref.device)  # None: every input finite
-        z0 = self._initial(z0, b, dt, ref.device, bad_in)
+        z0 = self._initial(z0, b, dt, ref.device, bad_in) if z0 is not None else \
+            torch.zeros(b, self.__dict__.get("_state_size") or self.state_size, dtype=dt,
+                        device=ref.device)
         if bad_in is not None:
             keep = ~bad_in
             warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
@@ -438,11 +458,12 @@ class EquilibriumModule(nn.Module):
         def f(z: torch.Tensor) -> torch.Tensor:
             return fn(z, tensors)
 
-        if self.backward == "unroll":
+        mode = self.config.backward.mode
+        if mode == "unroll":
             z_star, stats = self._unroll(f, z0)
             planned = None
         else:
-            planned = self._plan(keys_in, keys_env, tensors, z0)
+            planned = self._plan(keys_in, keys_env, tensors, z0, mode)
             if planned is None:  # only a plan's T is compiled
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
@@ -455,20 +476,22 @@ class EquilibriumModule(nn.Module):
         # backward's statistics and messages name batch samples, not rows of a subset
         solved = torch.nonzero(~bad_in).flatten() if bad_in is not None else None
         if all_ok:
-            z = z_star if self.backward == "unroll" else self._attach(
+            z = z_star if mode == "unroll" else self._attach(
                 fn, tensors, z_star, z0, planned, compiled and compiled[1], solved, b)
         else:  # gradients through the accepted samples only; the others are NaN
             assert ok is not None
             rows = torch.nonzero(ok).flatten()
             sub = [t[ok] if i < n_in else t for i, t in enumerate(tensors)]
-            if self.backward == "unroll":
+            if mode == "unroll":
                 z_ok, _ = self._unroll(lambda z: fn(z, sub), z0[ok])
             else:
                 z_ok = self._attach(fn, sub, z_star[ok], z0[ok], None, None,
                                     rows if solved is None else solved[rows], b)
             z = z_star.detach().clone().index_put((rows,), z_ok)
             z = torch.where(ok[:, None], z, torch.full_like(z, float("nan")))
-        z = self.derived.output(z, inputs, env)  # the layer's outputs (the state without a map)
+        derived = self.derived
+        if derived.outputs is not None:  # the layer's outputs (the state without a map)
+            z = derived.output(z, inputs, env)
         if bad_in is not None:  # put the dropped samples back (NaN)
             full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
             z = full.index_put((torch.nonzero(keep).flatten(),), z)
@@ -478,7 +501,7 @@ class EquilibriumModule(nn.Module):
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
 
-    @compile_disabled
+    # (no compile_disabled of its own: called only from _forward's disabled region)
     def _nonfinite_inputs(self, inputs: dict[str, torch.Tensor], b: int,
                           device: torch.device) -> torch.Tensor | None:
         """Samples with NaN/Inf inputs: named in a ``NonFiniteError``, or (mask mode) returned
@@ -489,7 +512,7 @@ class EquilibriumModule(nn.Module):
             # makes it inf or NaN); only an overflowing norm needs the entrywise test.  (The
             # norm kernel is the one the solver's residuals use: already in the caches; no
             # detach, an operation of its own: the norm is taken without autograd.)
-            with torch.no_grad():
+            with grad_off():
                 if math.isfinite(float(torch.linalg.vector_norm(t))) \
                         or bool(torch.isfinite(t).all()):
                     continue
@@ -545,7 +568,8 @@ class EquilibriumModule(nn.Module):
         return z
 
     def _plan(self, keys_in: list[str], keys_env: list[str], tensors: list[torch.Tensor],
-              z0: torch.Tensor) -> tuple[Plan, list[torch.Tensor]] | None:
+              z0: torch.Tensor, mode: str | None = None
+              ) -> tuple[Plan, list[torch.Tensor]] | None:
         """``T`` planned for these inputs and weights (:mod:`lowering.plan`): state-free parts
         computed once, the transpose Jacobian as a closure.  With gradients needed (implicit
         backward) the plan is built with autograd from leaf copies of ``tensors``, so that the
@@ -554,15 +578,24 @@ class EquilibriumModule(nn.Module):
         that has none)."""
         if len(self.blocks) != 1 or not getattr(self, "_plannable", True):  # (older pickles)
             return None
-        grad = (torch.is_grad_enabled() and self.backward == "implicit"
-                and any(t.requires_grad for t in tensors))
+        on = torch.is_grad_enabled()
+        grad = False
+        if on and (mode or self.backward) == "implicit":
+            for t in tensors:
+                if t.requires_grad:
+                    grad = True
+                    break
         leaves = ([t.detach().requires_grad_() if t.requires_grad else t for t in tensors]
                   if grad else tensors)
         n_in = len(keys_in)
         ctx = PlanContext(self.blocks[0].name, dict(zip(keys_in, leaves[:n_in])),
                           dict(zip(keys_env, leaves[n_in:])), z0.shape[0], z0)
-        with torch.set_grad_enabled(grad):
-            plan = self.derived.nodes[self.blocks[0].name].plan(ctx)
+        node = self.derived.nodes[self.blocks[0].name]
+        if grad == on:  # (no grad-mode switch to pay for)
+            plan = node.plan(ctx)
+        else:
+            with torch.set_grad_enabled(grad):
+                plan = node.plan(ctx)
         if plan is None:
             self._plannable = False  # the node tree does not change: do not ask again
             return None
@@ -578,8 +611,9 @@ class EquilibriumModule(nn.Module):
         from (the implicit backward then linearises the plan instead of ``T``); ``rows``: the
         batch index of each row of ``z_star`` when it holds a subset of the ``batch`` samples
         (masked ones left out), None when it holds them all."""
-        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
-            return z_star.detach()
+        if planned is None or not planned[1]:  # (a plan built with leaves: both hold)
+            if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+                return z_star.detach()
         cfg = self.config
         adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
                             cfg.on_nonconvergence, cfg.backward.adjoint,
@@ -597,7 +631,7 @@ class EquilibriumModule(nn.Module):
             problem.plan, problem.leaves = planned
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
 
-    @compile_disabled
+    # (no compile_disabled of its own: called only from _forward's disabled region)
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
                steps: CompiledSteps | None = None, planned: bool = False
                ) -> tuple[torch.Tensor, SolverStats]:
@@ -606,11 +640,17 @@ class EquilibriumModule(nn.Module):
         (:func:`~lowering.solvers.compiled_steps`), the injections and Gram matrices still
         computed once per call (docs/guide.md).  ``planned``: ``f`` is a plan's evaluation,
         whose state-free parts are computed already (no partial evaluation needed)."""
-        with torch.no_grad(), compiled_steps(steps):
-            if self.sam is not None:
+        cfg = self.config
+        if planned and steps is None and cfg.sam is None and not compiled_steps_set():
+            fc = cfg.forward  # the common call: a plan, eager (no contexts but gradients off)
+            with grad_off():
+                return get_solver(fc.solver)(f, z0, tol=fc.tol, max_iter=fc.max_iter,
+                                             **fc.options)
+        with grad_off(), compiled_steps(steps):
+            if cfg.sam is not None:
                 with partial_evaluation():
                     return sam_iterate(self, f, z0, inputs, env)
-            fc = self.config.forward
+            fc = cfg.forward
             solver = get_solver(fc.solver)
             if planned:
                 return solver(f, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)

@@ -264,14 +264,20 @@ class GradSum(Node):
             c = self.sign * t.coef_t(env) if c is None else c
             if kind == "bilinear":
                 k = arg
-                us = [None if j == k else a.evaluate(ctx.values, env)
-                      for j, a in enumerate(t.args)]
-                ref = next(u for u in us if u is not None)
+                us: list[Any] = []
+                ref = None
+                for j, a in enumerate(t.args):
+                    u = None if j == k else a.evaluate(ctx.values, env)
+                    if ref is None:
+                        ref = u
+                    us.append(u)
                 us[k] = self._zeros(t.args[k].size, ref)
                 g = t.raw_grad(us, env)[k]
                 if g is not None:
                     contrib = t.args[k].adjoint(g, self.block, env)
-                    const = pl.add(const, contrib if _is_one(c) else c * contrib)
+                    if not (isinstance(c, float) and c == 1.0):  # (_is_one)
+                        contrib = c * contrib
+                    const = contrib if const is None else const + contrib
                 continue
             b = None if off is None else off.evaluate(ctx.values, env)
             if kind == "elementwise":
@@ -304,6 +310,7 @@ class GradSum(Node):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_zero_args", None)  # tensors on some device: made again on use
+        state.pop("_gram_facts", None)  # keyed by the terms' ids: made again on use
         return state
 
     def _recipe(self) -> list[tuple[str, Term, Any, Any, Any]] | None:
@@ -343,21 +350,31 @@ class GradSum(Node):
         form = self._gram.get(id(t))
         if form is not None:
             op, e = form
-            n, m = op.in_size, op.out_size
-            trains = torch.is_grad_enabled() and any(
-                getattr(ctx.env.get(s.name) if ctx.env else None, "requires_grad", False)
-                for s in op.symbols())
-            # an application of AᵀA as a matrix (n² per sample) must cost less than Aᵀ(A·)
-            # (2·apply_cost: m·n each for a dense A, far less for a convolution)
-            if n <= min(m, GRAM_MAX) and n * n <= 2 * op.apply_cost and n <= (
-                    GRAM_BATCH_TRAIN if trains else GRAM_BATCH_PLAN) * ctx.batch:
+            # what does not change between calls, once per term: the operator's sizes, whether
+            # AᵀA as a matrix can pay at all (n² per sample less than the 2·apply_cost of
+            # Aᵀ(A·): m·n each for a dense A, far less for a convolution), its weights' names
+            facts = self.__dict__.setdefault("_gram_facts", {}).get(id(t))
+            if facts is None:
+                n, m = op.in_size, op.out_size
+                facts = self._gram_facts[id(t)] = (
+                    n, n <= min(m, GRAM_MAX) and n * n <= 2 * op.apply_cost,
+                    tuple(s.name for s in op.symbols()))
+            n, cheap, names = facts
+            trains = False
+            if torch.is_grad_enabled() and ctx.env:
+                for name in names:
+                    if getattr(ctx.env.get(name), "requires_grad", False):
+                        trains = True
+                        break
+            if cheap and n <= (GRAM_BATCH_TRAIN if trains else GRAM_BATCH_PLAN) * ctx.batch:
                 like = ctx.like
                 if like is None:  # no state given: a weight's, else an input's dtype
                     syms = op.symbols()
                     like = ctx.env.get(syms[0].name) if ctx.env and syms else None
                     like = like if like is not None else next(iter(ctx.values.values()))
                 gram = op.gram(like, ctx.env)
-                return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram)
+                # AᵀA: symmetric (Jᵀ applies it as is, without a transpose view)
+                return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram, symmetric=True)
         fwd, adj = _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env)
         return pl.SelfAdjoint(lambda z: adj(fwd(z)))
 

@@ -267,16 +267,22 @@ class Constant:
 
 
 class Matrix:
-    """``z ↦ z M`` with ``M`` formed once (e.g. the Gram matrix ``c·AᵀA`` of ``c·½||Az||²``)."""
+    """``z ↦ z M`` with ``M`` formed once (e.g. the Gram matrix ``c·AᵀA`` of ``c·½||Az||²``;
+    ``symmetric``: ``Mᵀ = M`` by construction, as a Gram matrix, so ``Jᵀ`` needs no transpose)."""
 
-    def __init__(self, m: torch.Tensor):
-        self.m = m
+    def __init__(self, m: torch.Tensor, symmetric: bool = False):
+        self.m, self.symmetric = m, symmetric
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return z @ self.m
 
+    def transposed(self) -> torch.Tensor:
+        """``Mᵀ`` out of the autograd graph (``M`` itself when symmetric)."""
+        m = _const(self.m)
+        return m if self.symmetric else m.T
+
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
-        return z @ self.m, MatrixT(_const(self.m).T)
+        return z @ self.m, MatrixT(self.transposed())
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         return [(self.m, z.T @ g)] if self.m.requires_grad else []  # ∂<g, zM>/∂M
@@ -355,7 +361,7 @@ class Elementwise:
         #: never on an inner value that may alias ``z`` or a stored tensor
         affine = getattr(inner, "affine", None)
         if affine is not None:  # σ(c + zM) in one frame
-            c, m = affine
+            c, m = affine[0], affine[1].m
             act = f_inplace if f_inplace is not None else f
             self.fn = lambda z: act(torch.addmm(c, z, m))
         else:
@@ -393,26 +399,21 @@ class Elementwise:
         return self.inner.param_vjp(z, d * g)
 
 
-def _affine_parts(parts: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(c, M)`` of a sum that :func:`_affine_matrix_fast` fused."""
-    (_, a), (_, b) = parts
-    return (a.c, b.m) if isinstance(a, Constant) else (b.c, a.m)
-
-
-def _affine_matrix_fast(parts: list[Any]) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """``z ↦ c + zM`` as one fused ``addmm`` when the sum is exactly a constant and a matrix
-    (the canonical OptEq pre-activation ``q + WᵀWz``)."""
+def _affine_form(parts: list[Any]) -> tuple[torch.Tensor, Matrix] | None:
+    """``(c, the Matrix part M)`` when the sum is exactly a constant and a matrix with unit
+    coefficients (the canonical OptEq pre-activation ``q + WᵀWz``): ``z ↦ c + zM`` is then one
+    fused ``addmm``; None otherwise."""
     if len(parts) != 2:
         return None
     (ca, a), (cb, b) = parts
-    if not (_is_one(ca) and _is_one(cb)):  # numbers only: a trained scalar must stay in T
+    # numbers only (_is_one): a trained scalar must stay in T
+    if not (isinstance(ca, float) and ca == 1.0 and isinstance(cb, float) and cb == 1.0):
         return None
     if isinstance(a, Matrix) and isinstance(b, Constant):
         a, b = b, a
     if not (isinstance(a, Constant) and isinstance(b, Matrix)) or a.c.ndim != 2:
         return None
-    c, m = a.c, b.m
-    return lambda z: torch.addmm(c, z, m)
+    return a.c, b
 
 
 class Sum:
@@ -420,11 +421,14 @@ class Sum:
 
     def __init__(self, parts: list[tuple[Any, Plan]]):
         self.parts = parts
-        self._fast = _affine_matrix_fast(parts)
+        #: ``(c, the Matrix part M)`` of the fused ``c + zM`` (None otherwise): its value is a
+        #: new ``(B, N)`` tensor at every evaluation
+        self.affine = _affine_form(parts)
+        self._fast: Callable[[torch.Tensor], torch.Tensor] | None = None
+        if self.affine is not None:
+            c, m = self.affine[0], self.affine[1].m
+            self._fast = lambda z: torch.addmm(c, z, m)
         self.fn = self._fast if self._fast is not None else self.__call__
-        #: ``(c, M)`` of the fused ``c + zM`` (None otherwise): its value is a new ``(B, N)``
-        #: tensor at every evaluation
-        self.affine = _affine_parts(parts) if self._fast is not None else None
         self.batch_shaped = self._fast is not None
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
@@ -434,8 +438,8 @@ class Sum:
 
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         if self.affine is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
-            c, m = self.affine
-            return torch.addmm(c, z, m), MatrixT(_const(m).T)
+            c, mat = self.affine
+            return torch.addmm(c, z, mat.m), MatrixT(mat.transposed())
         out, jts = None, []
         for c, p in self.parts:
             v, jt = p.linearize(z)

@@ -1,0 +1,221 @@
+"""The per-call path after the cuts of this round (lowering/solvers.py, module.py, backward.py,
+plan.py, nodes.py): the cheap gradient switch, the plan linearised in the forward right after
+the solve, the Gram matrix applied without a transpose, ``auto``'s inline prediction, and the
+benchmark's hand-loop stop test.  Each shortcut must give what the slower form gave; the tests
+that guard one are shown to fail on a broken rule (``test_*_mutation``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lowering
+from benchmarks.common import qp_objective, qp_weight
+from benchmarks.hand import done
+from lowering import backward as bw
+from lowering import solvers
+from lowering.solvers import grad_off
+
+
+def _module(m: int = 16, dtype: torch.dtype = torch.float64, **kw):
+    layer = lowering.lower(qp_objective(qp_weight(m, norm=0.9, seed=0)))
+    opts = dict(weight_control=None, tol=1e-10, max_iter=500, backward_tol=1e-10,
+                backward_max_iter=500, dtype=dtype)
+    opts.update(kw)
+    return layer.torch_module(**opts)
+
+
+def _grads(mod, x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    xx = x.detach().clone().requires_grad_()
+    z = mod(xx)
+    (z * c).sum().backward()
+    return (z.detach(), xx.grad, *[p.grad.clone() for p in mod.parameters()])
+
+
+# ------------------------------------------------------------------------- grad_off
+@pytest.mark.parametrize("start", [True, False])
+def test_grad_off_switches_off_and_restores(start: bool) -> None:
+    """Inside: gradients off; after: the mode it found, also when the body raises; a region
+    entered with gradients off leaves them off (it must not switch them on at exit)."""
+    with torch.set_grad_enabled(start):
+        with grad_off():
+            assert not torch.is_grad_enabled()
+        assert torch.is_grad_enabled() is start
+        with pytest.raises(ZeroDivisionError):
+            with grad_off():
+                raise ZeroDivisionError
+        assert torch.is_grad_enabled() is start
+        with grad_off():
+            with torch.enable_grad():  # an inner switch is the inner region's business
+                assert torch.is_grad_enabled()
+            assert not torch.is_grad_enabled()
+        assert torch.is_grad_enabled() is start
+
+
+def test_grad_off_mutation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A switch that restores "on" unconditionally breaks the test above (it can fail)."""
+
+    class Broken(grad_off):
+        __slots__ = ()
+
+        def __exit__(self, *exc: object) -> None:
+            solvers._set_grad_enabled(True)
+
+    monkeypatch.setattr(solvers, "grad_off", Broken)
+    monkeypatch.setitem(globals(), "grad_off", Broken)
+    with pytest.raises(AssertionError):
+        test_grad_off_switches_off_and_restores(False)
+
+
+# ------------------------------------------------------------- forward linearisation
+def _without_forward_linearisation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward linearises, as before this round (the forward leaves ``linear`` None)."""
+    orig = bw._ImplicitFixedPoint.apply
+
+    def apply(solved, problem, *tensors):
+        problem.linear = None
+        return orig(solved, problem, *tensors)
+
+    monkeypatch.setattr(bw._ImplicitFixedPoint, "apply", apply)
+
+
+@pytest.mark.parametrize("batch", [1, 5, 40])  # 1 and 5: the direct adjoint; 40: iterative
+def test_forward_linearisation_gives_the_backward_one(batch: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan linearised in the forward (at z*, right after the solve) gives the gradients
+    the backward's own linearisation gives, for the input and for the weight.  The two run the
+    same operations at the same point; 1e-12 relative (float64) only leaves room for a BLAS
+    whose reductions are not run-to-run deterministic."""
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(batch, 64, generator=g, dtype=torch.float64)
+    c = torch.randn(batch, 64, generator=g, dtype=torch.float64)
+    mod = _module()
+    got = _grads(mod, x, c)
+    assert mod.last_stats.all_converged
+    with monkeypatch.context() as mp:
+        _without_forward_linearisation(mp)
+        ref = _grads(_module(), x, c)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=0.0)
+
+
+def test_forward_linearisation_matches_finite_differences() -> None:
+    """An independent check of the gradient with respect to the input: central differences of
+    the solved layer in float64 (tol 1e-13, so the solve's own error, ~1e-13, is far below
+    the differences' truncation error ~h² = 1e-10 and round-off ~1e-16/h = 1e-11)."""
+    mod = _module(tol=1e-13, backward_tol=1e-13, max_iter=2000, backward_max_iter=2000)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 64, generator=g, dtype=torch.float64)
+    c = torch.randn(3, 64, generator=g, dtype=torch.float64)
+    _, gx, _ = _grads(mod, x, c)
+    h = 1e-5
+    with torch.no_grad():
+        for i, j in ((0, 0), (1, 17), (2, 63)):
+            e = torch.zeros_like(x)
+            e[i, j] = h
+            fd = ((mod(x + e) * c).sum() - (mod(x - e) * c).sum()) / (2 * h)
+            assert abs(float(fd) - float(gx[i, j])) <= 1e-7 * max(1.0, abs(float(fd)))
+
+
+def test_inplace_change_of_the_output_still_fails_the_backward() -> None:
+    """The Jacobian is taken in the forward, but the backward still unpacks its saved output:
+    changing the output in place before backward raises (as torch's contract says) instead of
+    giving a gradient for a point the output no longer is."""
+    mod = _module(m=16, dtype=torch.float32, tol=1e-5, backward_tol=1e-5)
+    x = torch.randn(4, 64, requires_grad=True)
+    z = mod(x)
+    z.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.sum().backward()
+
+
+def test_two_backwards_through_one_forward_agree() -> None:
+    """``retain_graph=True``: a second backward reuses the forward's linearisation and gives
+    the same gradient (exactly: the same operations on the same tensors)."""
+    mod = _module(m=16, dtype=torch.float32, tol=1e-6, backward_tol=1e-6)
+    x = torch.randn(40, 64, requires_grad=True)
+    z = mod(x)
+    (g1,) = torch.autograd.grad(z.sum(), x, retain_graph=True)
+    (g2,) = torch.autograd.grad(z.sum(), x)
+    assert torch.equal(g1, g2)
+
+
+def test_second_order_still_differentiates_the_adjoint() -> None:
+    """``create_graph=True`` takes the second-order path (not the forward's linearisation):
+    the gradient of a gradient penalty is not zero and matches central differences of the
+    first-order gradient (float64, tol 1e-13; h = 1e-5 as above)."""
+    mod = _module(m=16, tol=1e-13, backward_tol=1e-13, max_iter=2000, backward_max_iter=2000)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 64, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def penalty(xx: torch.Tensor) -> torch.Tensor:
+        (gx,) = torch.autograd.grad((mod(xx) ** 2).sum(), xx, create_graph=True)
+        return (gx ** 2).sum()
+
+    (hx,) = torch.autograd.grad(penalty(x), x)
+    assert float(hx.abs().max()) > 0
+    h = 1e-5
+    e = torch.zeros_like(x)
+    e[1, 5] = h
+    fd = (penalty((x + e).detach().requires_grad_()) -
+          penalty((x - e).detach().requires_grad_())) / (2 * h)
+    assert abs(float(fd) - float(hx[1, 5])) <= 1e-6 * max(1.0, abs(float(fd)))
+
+
+# ------------------------------------------------------------------------ auto's watch
+def _reference_need(now: float, then: float, tol: float, window: int) -> float:
+    """The prediction as it was written before it went inline (the reference)."""
+    if not (math.isfinite(now) and math.isfinite(then)) or now <= 0:
+        return 0.0
+    if now >= then:
+        return math.inf
+    if now <= tol:
+        return 0.0
+    rate = (now / then) ** (1.0 / window)
+    return math.log(tol / now) / math.log(rate)
+
+
+@pytest.mark.parametrize("now,then,window", [
+    (1e-3, 1e-2, 4), (1e-3, 1e-3, 4), (2e-3, 1e-3, 4), (1e-7, 1e-6, 4), (1e-7, 2e-8, 4),
+    (math.nan, 1e-2, 4), (1e-3, math.inf, 4), (0.0, 1e-2, 4), (5e-4, 9e-4, 13)])
+def test_auto_watch_decides_as_the_reference_prediction(now: float, then: float,
+                                                        window: int) -> None:
+    """The watch switches to Anderson exactly when the reference prediction exceeds the budget
+    and schedules the next test from it (the order of its cases matters: a residual below tol
+    that grew since the last test predicts no end, as before)."""
+    tol, max_iter = 1e-6, 200
+    for k_then in (1, 30, 150):
+        tr = solvers.Tracker("plain", torch.zeros(1, 1), tol)
+        w = solvers._AutoWatch(tr, tol, max_iter)
+        w.next, w.then, w.k = k_then + window, then, k_then
+        tr.top = now
+        k = k_then + window
+        need = _reference_need(now, then, tol, window)
+        switch = need > min(solvers.AUTO_PLAIN_BUDGET, (max_iter - k) / 2)
+        assert w(k) is switch
+        if not switch:
+            assert w.next == k + max(solvers.AUTO_WINDOW, int(need) // 2)
+
+
+# ----------------------------------------------------------------- the hand-loop stop test
+def test_hand_stop_test_is_the_module_decision() -> None:
+    """``benchmarks.hand.done`` decides as the float64 residual compared with the unrounded
+    ``tol`` (the module's rule, :func:`lowering.solvers._meets`), zero-norm samples included
+    (0/0 must never read as done; 0 − 0 over the floor reads 0, done)."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        fz = torch.randn(6, 8, generator=g)
+        z = fz + torch.randn(6, 8, generator=g) * 10.0 ** float(torch.empty(()).uniform_(
+            -8, -4, generator=g)) * fz.norm(dim=1, keepdim=True)
+        if trial % 7 == 0:
+            fz[2] = 0.0
+            z[2] = 0.0 if trial % 2 else 1e-3
+        tol = (1e-6, 1e-5, 3e-7)[trial % 3]
+        r = (fz.double() - z.double()).norm(dim=1) / fz.double().norm(dim=1).clamp_min(1e-30)
+        # the plain float32 norms' rounding (≤ (8 + 3)·2⁻²⁴ relative) can only flip samples
+        # within that of tol: such draws are skipped, not judged
+        if bool(((r - tol).abs() <= 1e-5 * tol).any()):
+            continue
+        assert done(fz, z, tol) == bool((r <= tol).all())
