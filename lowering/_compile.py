@@ -45,8 +45,13 @@ def compile_disabled(fn: F) -> F:
             if "torch._dynamo" not in sys.modules:
                 return fn(*args, **kwargs)
             disabled = torch.compiler.disable(inside)
+            call.disabled = disabled  # type: ignore[attr-defined]
         return disabled(*args, **kwargs)
 
+    #: the ``torch.compiler.disable`` wrapper once made (None before): code that dynamo traces
+    #: calls it directly, a graph break of its own frame, instead of tracing into ``call``
+    #: (whose break inside an inlined frame costs a resume function per call)
+    call.disabled = None  # type: ignore[attr-defined]
     return call  # type: ignore[return-value]
 
 

@@ -430,8 +430,13 @@ class ImplicitBackward:
         and an in-place change of it still fails the backward's saved-tensor check)."""
         z = z_star.detach() if z_star.requires_grad else z_star  # (the solvers' is not)
         if problem.plan is not None and z.ndim == 2:
+            # at an alias of z, not z: z becomes the output, whose grad_fn holds ``problem``;
+            # ``problem`` (and the plan's cached point) holding the output object would be a
+            # reference cycle, keeping the graph alive after the output is dropped until the
+            # cyclic collector runs (the alias shares z's storage and version counter)
+            zl = z.detach()
             with grad_off():  # (the plan's leaves need gradients; its derivative does not)
-                problem.linear = (z, problem.plan.linearize(z, value=False)[1])
+                problem.linear = (zl, problem.plan.linearize(zl, value=False)[1])
         return _ImplicitFixedPoint.apply(_Solved(z), problem, *problem.tensors)
 
 

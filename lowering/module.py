@@ -409,8 +409,13 @@ class EquilibriumModule(nn.Module):
         True only while tracing, and the traced code keeps it): the solve itself stays a graph
         break, and its plain iterations run ``compile_steps`` at a time in one compiled call
         (docs/guide.md, torch.compile).  Eager calls never take it."""
-        steps = getattr(self.config, "compile_steps", 0) if torch.compiler.is_compiling() else 0
-        return self._forward(x, z0, return_stats, steps)
+        if torch.compiler.is_compiling():
+            steps = getattr(self.config, "compile_steps", 0)
+            disabled = type(self)._forward.disabled  # (None until the first graph break)
+            if disabled is not None:
+                return disabled(self, x, z0, return_stats, steps)
+            return self._forward(x, z0, return_stats, steps)
+        return self._forward(x, z0, return_stats, 0)
 
     @compile_disabled
     def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,

@@ -200,16 +200,13 @@ class GradSum(Node):
         self._plan: list[tuple[Term, list[int] | None, float | None]] = []
         #: terms ``c·½||e·A z||²`` of this block alone: ∇ = c·e²·AᵀA z, the Gram AᵀA formed once
         #: per forward solve when that is cheaper (partial evaluation)
-        self._gram: dict[int, tuple[Any, float]] = {}
+        self._gram: dict[int, tuple[Any, float]] = _gram_forms(self.terms, block)
         for t in self.terms:
             if type(t).grad is not Term.grad or not t.smooth:
                 self._plan.append((t, None, None))
                 continue
             idx = [k for k, a in enumerate(t.args) if any(s is block for s in a.symbols("state"))]
             self._plan.append((t, idx, None if t.scalars else sign * t.scale))
-            g = _gram_form(t, block)
-            if g is not None:
-                self._gram[id(t)] = g
 
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         vals = Z
@@ -311,7 +308,14 @@ class GradSum(Node):
         state = self.__dict__.copy()
         state.pop("_zero_args", None)  # tensors on some device: made again on use
         state.pop("_gram_facts", None)  # keyed by the terms' ids: made again on use
+        state.pop("_gram", None)  # keyed by the terms' ids, which a copy's terms do not have
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # keyed by the ids of *these* terms (a copy's, an unpickled node's): stale keys would
+        # drop the Gram plan, or, where a freed term's id is reused, apply another term's A
+        self._gram = _gram_forms(self.terms, self.block)
 
     def _recipe(self) -> list[tuple[str, Term, Any, Any, Any]] | None:
         """Per term ``(kind, term, folded coefficient or None, arg, offset)`` — for
@@ -440,6 +444,18 @@ def _raw_grad(t: Term, env: Env | None) -> Any:
 #: ``AᵀA`` is then below the ``2Bnm`` per evaluation it saves)
 GRAM_MAX = 1024
 GRAM_BATCH = 8
+
+
+def _gram_forms(terms: list[Term], block: Symbol) -> dict[int, tuple[Any, float]]:
+    """``id(t) → (A, e)`` for the terms ``t = c·½||e·A z||²`` (closed-form gradient, smooth) of
+    ``block`` (:func:`_gram_form`)."""
+    out: dict[int, tuple[Any, float]] = {}
+    for t in terms:
+        if type(t).grad is Term.grad and t.smooth:
+            g = _gram_form(t, block)
+            if g is not None:
+                out[id(t)] = g
+    return out
 
 
 def _gram_form(t: Term, block: Symbol) -> tuple[Any, float] | None:
