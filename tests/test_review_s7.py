@@ -443,3 +443,21 @@ def test_weightless_layer_follows_to(move: str) -> None:
         # (the 1e-9 steps are below float32 resolution: a float32 solve would erase them)
         assert float((out - (xs - 0.1)).abs().max()) <= 1e-15
     assert "dtype_ref" not in m.state_dict()  # not persistent: state dicts are unchanged
+
+
+def test_classifier_settings_on_a_constant_condition() -> None:
+    """The training settings of ``EquilibriumClassifier`` chose the same control and refused
+    to build on such a layer; the weight-bearing condition of OptEq is still controlled."""
+    from convex_eq import Constant
+    from convex_eq.models import opteq
+    from lowering.classifier import TrainingSettings
+
+    z, x = State("z", 6), Input("x", 4)
+    c0 = np.random.default_rng(0).normal(size=(6, 6))
+    cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
+    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    fixed = lowering.lower(Antiderivative("relu", cmat @ z + u @ x + b).conjugate() - SqNorm(z))
+    assert TrainingSettings().module_options(fixed)["weight_control"] is None
+    fixed.torch_module(**TrainingSettings().module_options(fixed))
+    trained = lowering.lower(opteq(n=6, m=6, d=3))
+    assert TrainingSettings().module_options(trained)["weight_control"] == "spectral_norm"
