@@ -62,6 +62,9 @@ class AdjointConfig:
     #: None: eager), used when ``Jᵀ`` comes from a plan (the module sets them inside
     #: ``torch.compile``)
     compiled_steps: CompiledSteps | None = None
+    #: the batch index of each row of the adjoint problem when it holds a subset of the batch
+    #: (samples masked out of the backward), so that messages name batch samples; None: all
+    rows: torch.Tensor | None = None
 
 
 #: ``"auto"`` forms the Jacobian only when it is small: N batched VJP rows per sample
@@ -135,6 +138,8 @@ def _report(stats: SolverStats, cfg: AdjointConfig, what: str) -> None:
     if stats.all_converged or bool(stats.converged.all()):  # the solver's word: no sync
         return
     idx = stats.failed_indices
+    if cfg.rows is not None:  # rows of a subset → the batch samples they are
+        idx = [int(cfg.rows[i]) for i in idx]
     shown = ", ".join(map(str, idx[:10])) + (", …" if len(idx) > 10 else "")
     msg = (f"{what} did not reach relative residual {cfg.tol:g} in {cfg.max_iter} iterations "
            f"of {cfg.solver} for {len(idx)}/{stats.converged.numel()} samples (indices "

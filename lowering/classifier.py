@@ -27,7 +27,7 @@ from convex_eq.errors import OptionError
 
 from .perturbation import Cascade
 from .solvers import SolverStats
-from .weight_control import norm_conditions
+from .weight_control import controlled_conditions
 
 POOLS = ("max", "avg", "none")
 
@@ -52,7 +52,8 @@ class TrainingSettings:
     def module_options(self, derived: Any) -> dict[str, Any]:
         """Keyword options of ``derived.torch_module`` (spectral-norm weight control when the
         certificate has ``||A||₂ ≤ bound`` conditions or ``weight_bounds`` names weights)."""
-        wc = "spectral_norm" if norm_conditions(derived) or self.weight_bounds else None
+        # (conditions on trainable weights: one on a fixed constant holds as declared)
+        wc = "spectral_norm" if controlled_conditions(derived) or self.weight_bounds else None
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
                 "backward": self.backward,
                 "backward_max_iter": self.backward_factor * self.max_iter,

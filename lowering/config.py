@@ -125,6 +125,14 @@ class ModuleConfig:
             raise OptionError(f"on_nonconvergence={self.on_nonconvergence!r}",
                               term="torch_module",
                               hint=f"use one of {ON_FAIL}: non-convergence is never silent")
+        if self.sam is not None and self.forward != SolveConfig():
+            # SAM stops by its own schedule: a forward tol/max_iter/solver would be ignored,
+            # and the flags would read "converged" at SAMConfig.tol, not at the tol passed
+            raise OptionError("with sam= the equilibrium is found by the SAM iteration, which "
+                              "stops by SAMConfig(tol=..., max_iter=...); the forward solve's "
+                              f"options ({self.forward}) would not be used", term="torch_module",
+                              hint="set tol / max_iter in SAMConfig, and the adjoint's with "
+                              "backward_tol / backward_max_iter / backward_solver")
         if self.sam is not None and self.backward.mode == "unroll":
             raise OptionError("SAM with backward='unroll' is not supported (the unrolled "
                               "iteration is plain T, not SAM's)", term="torch_module",

@@ -43,12 +43,13 @@ from .solvers import (
     CompiledSteps,
     SolverStats,
     Tracker,
+    _empty_stats,
     compiled_steps,
     compiled_steps_set,
     get_solver,
     grad_off,
 )
-from .weight_control import WeightControl, norm_conditions
+from .weight_control import WeightControl, controlled_conditions
 
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
     from .derived import DerivedLayer
@@ -122,11 +123,17 @@ class EquilibriumModule(nn.Module):
                 self.register_buffer(f"scalar_{s.name}",
                                      torch.tensor(float(s.value), dtype=torch.float64))
                 self._scalar_names.append(s.name)
+        if not len(self.weights) and not self._const_names:
+            # no tensor follows .to()/.double()/.half() otherwise: the dtype would stay the
+            # configured one (a float64 input then cast down to float32, silently)
+            self.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
         wc = cfg.weight_control
         mode = wc.mode
-        if mode == "auto":
-            mode = "spectral_norm" if (norm_conditions(derived) or wc.bounds) else None
-        self.weight_control = WeightControl(derived, mode, wc.margin, wc.bounds) \
+        trainable = list(self.weights.keys())  # weights, and constants made learnable
+        if mode == "auto":  # conditions on constants alone hold as declared: nothing to control
+            mode = "spectral_norm" if (controlled_conditions(derived, trainable)
+                                       or wc.bounds) else None
+        self.weight_control = WeightControl(derived, mode, wc.margin, wc.bounds, trainable) \
             if mode is not None else None
         if self.weight_control is not None and wc.mode == "auto":
             self.weight_control.calibrate(self._raw_env())
@@ -182,6 +189,8 @@ class EquilibriumModule(nn.Module):
         ref = next(iter(weights.values()), None)
         if ref is None and self._const_names:
             ref = getattr(self, f"const_{self._const_names[0]}")
+        if ref is None:  # a layer without tensors of its own: the dtype buffer
+            ref = self._buffers.get("dtype_ref")
         return ref.dtype if ref is not None else self.config.dtype
 
     @property
@@ -413,6 +422,9 @@ class EquilibriumModule(nn.Module):
                  steps: int) -> Any:
         """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
         compiled = self._compiled_steps(steps) if steps else None
+        # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
+        # so that a call that raises never leaves an earlier call's statistics behind
+        self.__dict__["last_stats"] = None
         weights = self._weight_values()
         out_dtype = self._dtype_from(weights)
         inputs = self._inputs(x, out_dtype)
@@ -429,10 +441,10 @@ class EquilibriumModule(nn.Module):
             ref = next((v for v in env.values() if v.is_floating_point()),
                        torch.zeros((), dtype=out_dtype))
         dt = torch.float32 if out_dtype in HALF else out_dtype
-        z0 = self._initial(z0, b, dt, ref.device) if z0 is not None else \
+        bad_in = self._nonfinite_inputs(inputs, b, ref.device)  # None: every input finite
+        z0 = self._initial(z0, b, dt, ref.device, bad_in) if z0 is not None else \
             torch.zeros(b, self.__dict__.get("_state_size") or self.state_size, dtype=dt,
                         device=ref.device)
-        bad_in = self._nonfinite_inputs(inputs, b, ref.device)  # None: every input finite
         if bad_in is not None:
             keep = ~bad_in
             warnings.warn(f"forward: samples {_indices(bad_in)} have NaN/Inf inputs; their "
@@ -461,10 +473,16 @@ class EquilibriumModule(nn.Module):
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
                                         compiled and compiled[0], planned is not None)
+        # over the whole batch (dropped samples: non-finite), kept when _judge raises
+        batch_stats = stats if bad_in is None else _expand_stats(stats, ~bad_in)
+        self.__dict__["last_stats"] = batch_stats
         ok, all_ok = self._judge(stats, bad_in)
+        # batch index of each solved sample (None: the solve saw the whole batch), so that the
+        # backward's statistics and messages name batch samples, not rows of a subset
+        solved = torch.nonzero(~bad_in).flatten() if bad_in is not None else None
         if all_ok:
             z = z_star if mode == "unroll" else self._attach(
-                fn, tensors, z_star, z0, planned, compiled and compiled[1])
+                fn, tensors, z_star, z0, planned, compiled and compiled[1], solved, b)
         else:  # gradients through the accepted samples only; the others are NaN
             assert ok is not None
             rows = torch.nonzero(ok).flatten()
@@ -472,7 +490,8 @@ class EquilibriumModule(nn.Module):
             if mode == "unroll":
                 z_ok, _ = self._unroll(lambda z: fn(z, sub), z0[ok])
             else:
-                z_ok = self._attach(fn, sub, z_star[ok], z0[ok])
+                z_ok = self._attach(fn, sub, z_star[ok], z0[ok], None, None,
+                                    rows if solved is None else solved[rows], b)
             z = z_star.detach().clone().index_put((rows,), z_ok)
             z = torch.where(ok[:, None], z, torch.full_like(z, float("nan")))
         derived = self.derived
@@ -481,10 +500,9 @@ class EquilibriumModule(nn.Module):
         if bad_in is not None:  # put the dropped samples back (NaN)
             full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
             z = full.index_put((torch.nonzero(keep).flatten(),), z)
-            stats = _expand_stats(stats, keep)
+            stats = batch_stats
         if out_dtype in HALF:
             z = z.to(out_dtype)
-        self.__dict__["last_stats"] = stats  # a plain attribute (no nn.Module bookkeeping)
         out = self._shape_out(z)
         return (out, stats) if return_stats else out
 
@@ -525,7 +543,10 @@ class EquilibriumModule(nn.Module):
             self.__dict__["_compiled"] = have
         return have
 
-    def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device) -> torch.Tensor:
+    def _initial(self, z0: Any, b: int, dt: torch.dtype, dev: torch.device,
+                 bad_in: torch.Tensor | None = None) -> torch.Tensor:
+        """The flat start ``(B, N)``: zeros, or the given warm start, which must be finite
+        except in the samples ``bad_in`` (NaN/Inf inputs, dropped from the solve)."""
         if z0 is None:
             return torch.zeros(b, self.state_size, dtype=dt, device=dev)
         if not isinstance(z0, torch.Tensor) or z0.ndim == 0 or z0.shape[0] != b \
@@ -535,7 +556,21 @@ class EquilibriumModule(nn.Module):
                 f"{self.state_size}) with B = {b} (or (B, *block shape))", term="forward",
                 hint="pass z0 as a tensor with one flat state per sample",
             )
-        return z0.reshape(b, self.state_size).to(dt)
+        z = z0.reshape(b, self.state_size).to(dt)
+        with torch.no_grad():  # one reduction (a finite norm means finite entries)
+            bad = None if math.isfinite(float(torch.linalg.vector_norm(z))) else \
+                ~torch.isfinite(z).all(dim=1)
+            if bad is not None and bad_in is not None:
+                bad &= ~bad_in  # dropped samples: their start is never used
+            if bad is not None and bool(bad.any()):
+                # a NaN/Inf start would be reported as a diverged solve (and, warm-starting
+                # from masked outputs, keep those samples NaN from call to call)
+                raise NonFiniteError(
+                    f"z0 contains NaN or Inf in samples {_indices(bad)}"
+                    + (f" (after the cast to {dt})" if z0.dtype != dt else ""), term="forward",
+                    hint="pass a finite warm start (e.g. torch.nan_to_num(z0) for outputs "
+                    "masked by on_nonconvergence='mask'), or leave z0 out to start from 0")
+        return z
 
     def _plan(self, keys_in: list[str], keys_env: list[str], tensors: list[torch.Tensor],
               z0: torch.Tensor, mode: str | None = None
@@ -574,20 +609,27 @@ class EquilibriumModule(nn.Module):
 
     def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
                 z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None,
-                steps: CompiledSteps | None = None) -> torch.Tensor:
+                steps: CompiledSteps | None = None, rows: torch.Tensor | None = None,
+                batch: int = 0) -> torch.Tensor:
         """The backward strategy's differentiable output at ``z_star`` (detached when no
         tensor needs a gradient); ``planned``: the forward's plan and the leaves it was built
-        from (the implicit backward then linearises the plan instead of ``T``)."""
+        from (the implicit backward then linearises the plan instead of ``T``); ``rows``: the
+        batch index of each row of ``z_star`` when it holds a subset of the ``batch`` samples
+        (masked ones left out), None when it holds them all."""
         if planned is None or not planned[1]:  # (a plan built with leaves: both hold)
             if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
                 return z_star.detach()
         cfg = self.config
         adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
                             cfg.on_nonconvergence, cfg.backward.adjoint,
-                            not self._batch_coupled, steps if planned is not None else None)
+                            not self._batch_coupled, steps if planned is not None else None,
+                            rows)
 
         def sink(st: SolverStats) -> None:
-            self.__dict__["last_backward_stats"] = st  # a plain attribute (as last_stats)
+            # a plain attribute (as last_stats), over the whole batch: samples left out of the
+            # backward read not converged, residual NaN
+            self.__dict__["last_backward_stats"] = st if rows is None else \
+                _spread_stats(st, rows, batch, dropped_nonfinite=False)
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
         if planned is not None and planned[1]:  # built with autograd from leaf copies
@@ -622,6 +664,9 @@ class EquilibriumModule(nn.Module):
 
     def _unroll(self, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
         """``K`` plain iterations with autograd; the returned point is the last iterate."""
+        if z0.shape[0] == 0:  # an empty batch (e.g. every sample masked out): nothing to
+            # measure; one application keeps the (empty) output in the graph of the weights
+            return f(z0), _empty_stats("unroll", z0, self.tol)
         tr = Tracker("unroll", z0, self.tol)
         z = z0
         for _ in range(self.config.backward.unroll_steps):
@@ -681,10 +726,13 @@ class EquilibriumModule(nn.Module):
 
     def _hint(self) -> str:
         """What to change — never an option that is already set."""
-        tips = [f"raise max_iter (now {self.max_iter})"]
+        tips = [f"raise max_iter (now {self.max_iter})" if self.sam is None else
+                f"raise SAMConfig.max_iter (now {self.sam.max_iter}) or its tol (now "
+                f"{self.sam.tol:g})"]
         if self.solver not in ("anderson", "auto") and self.sam is None:
             tips.append("use solver='anderson'")
-        if self.weight_control is None and norm_conditions(self.derived):
+        if self.weight_control is None and controlled_conditions(self.derived,
+                                                                 list(self.weights.keys())):
             tips.append("keep the certified norms below their bounds with "
                         "weight_control='spectral_norm' (off here)")
         if self.on_nonconvergence == "raise" and not self._batch_coupled:
@@ -727,21 +775,30 @@ def _rel(fz: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 def _expand_stats(stats: SolverStats, keep: torch.Tensor) -> SolverStats:
     """Statistics of the solved subset spread back over the batch (dropped samples: not
     converged, non-finite, NaN residuals)."""
-    b = keep.shape[0]
+    return _spread_stats(stats, torch.nonzero(keep).flatten(), keep.shape[0],
+                         dropped_nonfinite=True)
+
+
+def _spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
+                  dropped_nonfinite: bool) -> SolverStats:
+    """Statistics of a subset (row ``i`` is batch sample ``rows[i]``, ascending) spread over the
+    ``b`` samples of the batch: the others not converged, 0 iterations, NaN residuals, and
+    non-finite as ``dropped_nonfinite`` says."""
     k = stats.residuals.shape[1]
-    res = torch.full((b, k), float("nan"), dtype=stats.residuals.dtype)
-    res[keep] = stats.residuals
-    it = torch.zeros(b, dtype=stats.iterations.dtype)
-    it[keep] = stats.iterations
-    conv = torch.zeros(b, dtype=torch.bool)
-    conv[keep] = stats.converged
-    nf = torch.ones(b, dtype=torch.bool)
+    dev = stats.residuals.device
+    res = torch.full((b, k), float("nan"), dtype=stats.residuals.dtype, device=dev)
+    res[rows] = stats.residuals
+    it = torch.zeros(b, dtype=stats.iterations.dtype, device=dev)
+    it[rows] = stats.iterations
+    conv = torch.zeros(b, dtype=torch.bool, device=dev)
+    conv[rows] = stats.converged
+    nf = torch.full((b,), dropped_nonfinite, dtype=torch.bool, device=dev)
     assert stats.nonfinite is not None
-    nf[keep] = stats.nonfinite
+    nf[rows] = stats.nonfinite
     ret = None
     if stats.returned_residual is not None:
-        ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype)
-        ret[keep] = stats.returned_residual
+        ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype, device=dev)
+        ret[rows] = stats.returned_residual
     return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
 
 

@@ -6,7 +6,7 @@ usually holds), so the certified quantity cannot exceed its bound at any step:
 * ``W ↦ W · min(1, (bound − margin) / σ̄(W))`` gives ``||A(W_eff)||₂ ≤ bound − margin`` exactly
   (up to one rounding of the scale, far below ``margin``);
 * ``σ̄`` is computed by a unit found in :data:`NORM_BOUNDS` (by operator type): the exact norm
-  ``σ = uᵀ A v`` from a dense SVD (top singular pair ``u, v`` cached per weight version, the
+  ``σ = uᵀ A v`` from a dense SVD (top singular pair ``u, v`` cached per weight value, the
   value and its gradient ``u vᵀ`` evaluated through the operator, so autograd gives the true
   gradient of what is computed), or, for a 2-D convolution, the largest singular value over
   the DFT frequencies of a circulant embedding (``max_ω σ_max(K̂(ω))``, an upper bound of the
@@ -19,7 +19,7 @@ parameter in place before each training forward.  See ``docs/theory.md`` §8.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -76,19 +76,26 @@ def _dense_matrix(op: Any, env: dict) -> torch.Tensor:
 
 @register_norm_bound("LinOp")
 def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
-    """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per version of
+    """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per value of
     the weight); value and gradient flow through ``op.apply``."""
     w = env[name]
     key = (name, w._version, w.data_ptr(), str(w.dtype))
     cached = control.cache.get(name)
-    if cached is None or cached[0] != key:
-        M = _dense_matrix(op, env)
-        U, _, Vh = torch.linalg.svd(M, full_matrices=False)
-        cached = (key, U[:, 0].contiguous(), Vh[0].contiguous())
+    # the version counter misses writes through ``w.data`` (``W.data.copy_(pretrained)``): a
+    # stale pair would give ``uᵀAv < ||A||₂`` (no bound at all), so the values are compared too
+    if cached is None or cached[0] != key or not torch.equal(cached[3], w.detach()):
+        # normal tensors also when made under inference_mode: the pair is multiplied into the
+        # autograd graph of a later training call (an inference tensor cannot be saved there)
+        with torch.inference_mode(False):
+            M = _dense_matrix(op, env)
+            U, _, Vh = torch.linalg.svd(M, full_matrices=False)
+            cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
         control.cache[name] = cached
-    _, u, v = cached
+    _, u, v, _ = cached
     av = op.apply(v.to(w.dtype)[None], env)[0]
-    return (u.to(av.dtype) * av).sum().to(torch.float64)
+    sig = (u.to(av.dtype) * av).sum().to(torch.float64)
+    target = next((t for _, n, t in control.targets if n == name), None)
+    return sig if target is None else _FirstOrderNorm.apply(sig, target, name)
 
 
 @register_norm_bound("_ConvNd")
@@ -129,6 +136,21 @@ def norm_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
     return exact_norm(op, name, env, control)
 
 
+def controlled_conditions(derived: Any, trainable: Collection[str] | None = None
+                          ) -> list[tuple[Any, str, float]]:
+    """``(operator, weight name, bound)`` for the norm conditions whose operator reads exactly
+    one trainable tensor (``trainable``: their names — the weights, and constants made
+    learnable; None: the symbols declared as weights).  A condition on constants alone holds
+    as declared and needs no control."""
+    out = []
+    for op, bound in norm_conditions(derived):
+        ws = [s for s in op.symbols()
+              if (s.name in trainable if trainable is not None else s.kind == "weight")]
+        if len(ws) == 1:
+            out.append((op, ws[0].name, bound))
+    return out
+
+
 class WeightControlWarning(UserWarning):
     """Weight control changed weights the user declared (they violated the certificate)."""
 
@@ -137,7 +159,8 @@ class WeightControl:
     """Applies the chosen control to every weight with a spectral-norm condition."""
 
     def __init__(self, derived: Any, mode: str, margin: float,
-                 bounds: dict[str, float] | None = None):
+                 bounds: dict[str, float] | None = None,
+                 trainable: Collection[str] | None = None):
         if mode not in MODES:
             raise OptionError(f"unknown weight_control {mode!r}", term="torch_module",
                               hint=f"use one of {MODES}")
@@ -145,11 +168,11 @@ class WeightControl:
             raise OptionError("margin must lie in [0, 1)", term="torch_module")
         self.mode, self.margin = mode, margin
         self.cache: dict[str, Any] = {}
+        #: ``project``: per weight, the (version, data pointer) and values it was left at
+        self.projected: dict[str, Any] = {}
         self.targets: list[tuple[Any, str, float]] = []
-        for op, bound in norm_conditions(derived):
-            ws = [s for s in op.symbols() if s.kind == "weight"]
-            if len(ws) == 1:
-                self.targets.append((op, ws[0].name, bound - margin))
+        for op, name, bound in controlled_conditions(derived, trainable):
+            self.targets.append((op, name, bound - margin))
         for name, bound in (bounds or {}).items():
             op = _operator_for(derived, name)
             self.targets = [t for t in self.targets if t[1] != name]
@@ -182,7 +205,7 @@ class WeightControl:
         self.targets = out
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "cache": {}}
+        return {**self.__dict__, "cache": {}, "projected": {}}
 
     def norms(self, env: dict) -> dict[str, tuple[float, float]]:
         """``name → (σ̄ of the controlled operator at env, target)`` (for logging and tests)."""
@@ -196,16 +219,51 @@ class WeightControl:
         env = dict(env)
         for op, name, target in self.targets:
             if self.mode == "project" and module.training:
-                with torch.no_grad():
-                    sig = float(norm_bound(op, name, env, self))
-                    if sig > target:
-                        module.weights[name].mul_(target / sig)
-                env[name] = module.weights[name]
+                p = module.weights[name]
+                # measured once per change of the weight: a projected weight's norm is the
+                # target up to a rounding, and projecting it again for that rounding would
+                # write into a parameter an earlier forward's graph still holds (a loss over
+                # two calls then failed in backward: "modified by an inplace operation")
+                done = getattr(self, "projected", {}).get(name)  # (older pickles: none)
+                if done is None or done[0] != (p._version, p.data_ptr()) \
+                        or not torch.equal(done[1], p.detach()):
+                    with torch.no_grad():
+                        sig = float(norm_bound(op, name, env, self))
+                        if sig > target:
+                            p.mul_(target / sig)
+                    self.__dict__.setdefault("projected", {})[name] = (
+                        (p._version, p.data_ptr()), p.detach().clone())
+                env[name] = p
             else:
                 sig = norm_bound(op, name, env, self)
                 scale = torch.clamp(target / sig, max=1.0).to(env[name].dtype)
                 env[name] = env[name] * scale
         return env
+
+
+class _FirstOrderNorm(torch.autograd.Function):
+    """Identity on :func:`exact_norm`'s ``σ``, whose derivative is exact to first order only: the
+    singular pair ``u, v`` of ``σ = uᵀAv`` is held fixed, so ``d²σ`` misses the pair's own
+    change (a Hessian w.r.t. a rescaled weight came out 4 % off).  Its backward refuses
+    ``create_graph=True`` with a typed error while the rescaling is active (``σ̄ > target``;
+    otherwise the scale is locally 1 and every order is exact)."""
+
+    @staticmethod
+    def forward(ctx: Any, sig: torch.Tensor, target: float, name: str) -> torch.Tensor:
+        ctx.active, ctx.name = sig.detach() > target, name
+        return sig.view_as(sig)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        if torch.is_grad_enabled() and bool(ctx.active):
+            raise OptionError(
+                f"second-order gradients through the weight control of '{ctx.name}' are not "
+                "supported while it rescales the weight (its norm's derivative is exact to "
+                "first order only)", term="weight_control",
+                hint="use weight_control='project' (rescales the stored parameter outside "
+                "autograd, in training mode) or weight_control=None for create_graph=True "
+                "gradients with respect to this weight")
+        return g, None, None
 
 
 def _operator_for(derived: Any, name: str) -> Any:

@@ -112,6 +112,10 @@ def module_cases(draw: Any, stress: bool = True) -> ModuleCase:
                                    tol=draw(st.sampled_from((1e-2, 1e-4))))
         if options["backward"] == "unroll":  # refused by design (typed OptionError, tested)
             options["backward"] = "implicit"
+        # SAM stops by its own tol/max_iter (forward solve options are refused with it); the
+        # drawn ones go to the adjoint, which used them before
+        for key in ("solver", "tol", "max_iter"):
+            options[f"backward_{key}"] = options.pop(key)
     mag = draw(st.sampled_from((1.0, 1e8, 1e-12, 1e20, 0.0, 1e-30))) if stress else 1.0
     g = torch.Generator().manual_seed(seed)
     x = (mag * torch.randn(batch, *in_shape, generator=g, dtype=torch.float64)).to(
