@@ -94,10 +94,6 @@ class FixedPointProblem:
     #: (detached copies of ``tensors``): the first-order implicit backward linearises it
     plan: Any = None
     leaves: list[torch.Tensor] | None = None
-    #: ``(z*, Jᵀ at z*)``: the plan linearised in the forward, right after the solve (its
-    #: operations are the ones the solve just ran, still in the caches; the backward then
-    #: starts with the adjoint solve), or None (the backward linearises)
-    linear: tuple[torch.Tensor, Any] | None = None
 
     def with_grad(self, z: torch.Tensor, tensors: Sequence[torch.Tensor],
                   needs: Sequence[bool]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -249,10 +245,11 @@ def _planned_backward(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tens
     (no autograd per adjoint iteration), then ``(∂T/∂θ)ᵀ g`` (:func:`param_grads`)."""
     plan, leaves = problem.plan, problem.leaves
     assert leaves is not None
-    if problem.linear is not None:  # linearised in the forward, at the same point
-        z, jt = problem.linear
-    else:
-        _, jt = plan.linearize(z, value=False)  # a first-order backward runs without gradients
+    # at an alias of the saved output without its grad_fn: the plan caches the point it was
+    # linearised at, and the output object there would be a reference cycle (output → its
+    # grad_fn → this problem → the plan → the output), freed only by the cyclic collector
+    z = z.detach()
+    _, jt = plan.linearize(z, value=False)  # a first-order backward runs without gradients
     g = v if jt is None else _adjoint_from_map(jt, z, v, problem)
     return param_grads(plan, z, g, leaves, needs)
 
@@ -424,19 +421,8 @@ class ImplicitBackward:
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:
-        """``z*`` with the exact implicit gradient attached; a plan is linearised at ``z*`` here,
-        right after the solve, as a hand-written layer computes its activation's derivative
-        (``Jᵀ`` is the same whenever the backward runs: the saved output is ``z*`` itself,
-        and an in-place change of it still fails the backward's saved-tensor check)."""
+        """``z*`` with the exact implicit gradient attached."""
         z = z_star.detach() if z_star.requires_grad else z_star  # (the solvers' is not)
-        if problem.plan is not None and z.ndim == 2:
-            # at an alias of z, not z: z becomes the output, whose grad_fn holds ``problem``;
-            # ``problem`` (and the plan's cached point) holding the output object would be a
-            # reference cycle, keeping the graph alive after the output is dropped until the
-            # cyclic collector runs (the alias shares z's storage and version counter)
-            zl = z.detach()
-            with grad_off():  # (the plan's leaves need gradients; its derivative does not)
-                problem.linear = (zl, problem.plan.linearize(zl, value=False)[1])
         return _ImplicitFixedPoint.apply(_Solved(z), problem, *problem.tensors)
 
 

@@ -1,6 +1,6 @@
 """The per-call path after the cuts of this round (lowering/solvers.py, module.py, backward.py,
-plan.py, nodes.py): the cheap gradient switch, the plan linearised in the forward right after
-the solve, the Gram matrix applied without a transpose, ``auto``'s inline prediction, and the
+plan.py, nodes.py): the cheap gradient switch, the plan linearised at an alias of the output,
+the Gram matrix applied without a transpose, ``auto``'s inline prediction, and the
 benchmark's hand-loop stop test.  Each shortcut must give what the slower form gave; the tests
 that guard one are shown to fail on a broken rule (``test_*_mutation``)."""
 
@@ -14,7 +14,6 @@ import torch
 import lowering
 from benchmarks.common import qp_objective, qp_weight
 from benchmarks.hand import done
-from lowering import backward as bw
 from lowering import solvers
 from lowering.solvers import grad_off
 
@@ -69,39 +68,8 @@ def test_grad_off_mutation(monkeypatch: pytest.MonkeyPatch) -> None:
         test_grad_off_switches_off_and_restores(False)
 
 
-# ------------------------------------------------------------- forward linearisation
-def _without_forward_linearisation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backward linearises, as before this round (the forward leaves ``linear`` None)."""
-    orig = bw._ImplicitFixedPoint.apply
-
-    def apply(solved, problem, *tensors):
-        problem.linear = None
-        return orig(solved, problem, *tensors)
-
-    monkeypatch.setattr(bw._ImplicitFixedPoint, "apply", apply)
-
-
-@pytest.mark.parametrize("batch", [1, 5, 40])  # 1 and 5: the direct adjoint; 40: iterative
-def test_forward_linearisation_gives_the_backward_one(batch: int,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan linearised in the forward (at z*, right after the solve) gives the gradients
-    the backward's own linearisation gives, for the input and for the weight.  The two run the
-    same operations at the same point; 1e-12 relative (float64) only leaves room for a BLAS
-    whose reductions are not run-to-run deterministic."""
-    g = torch.Generator().manual_seed(batch)
-    x = torch.randn(batch, 64, generator=g, dtype=torch.float64)
-    c = torch.randn(batch, 64, generator=g, dtype=torch.float64)
-    mod = _module()
-    got = _grads(mod, x, c)
-    assert mod.last_stats.all_converged
-    with monkeypatch.context() as mp:
-        _without_forward_linearisation(mp)
-        ref = _grads(_module(), x, c)
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=0.0)
-
-
-def test_forward_linearisation_matches_finite_differences() -> None:
+# ------------------------------------------------------------------ the linearisation
+def test_planned_gradient_matches_finite_differences() -> None:
     """An independent check of the gradient with respect to the input: central differences of
     the solved layer in float64 (tol 1e-13, so the solve's own error, ~1e-13, is far below
     the differences' truncation error ~h² = 1e-10 and round-off ~1e-16/h = 1e-11)."""
@@ -120,7 +88,7 @@ def test_forward_linearisation_matches_finite_differences() -> None:
 
 
 def test_inplace_change_of_the_output_still_fails_the_backward() -> None:
-    """The Jacobian is taken in the forward, but the backward still unpacks its saved output:
+    """The backward linearises at an alias of its saved output, which it unpacks first:
     changing the output in place before backward raises (as torch's contract says) instead of
     giving a gradient for a point the output no longer is."""
     mod = _module(m=16, dtype=torch.float32, tol=1e-5, backward_tol=1e-5)
@@ -132,8 +100,8 @@ def test_inplace_change_of_the_output_still_fails_the_backward() -> None:
 
 
 def test_two_backwards_through_one_forward_agree() -> None:
-    """``retain_graph=True``: a second backward reuses the forward's linearisation and gives
-    the same gradient (exactly: the same operations on the same tensors)."""
+    """``retain_graph=True``: a second backward through the same forward gives the same
+    gradient (exactly: the same operations on the same tensors)."""
     mod = _module(m=16, dtype=torch.float32, tol=1e-6, backward_tol=1e-6)
     x = torch.randn(40, 64, requires_grad=True)
     z = mod(x)
@@ -143,7 +111,7 @@ def test_two_backwards_through_one_forward_agree() -> None:
 
 
 def test_second_order_still_differentiates_the_adjoint() -> None:
-    """``create_graph=True`` takes the second-order path (not the forward's linearisation):
+    """``create_graph=True`` takes the second-order path (not the plan's linearisation):
     the gradient of a gradient penalty is not zero and matches central differences of the
     first-order gradient (float64, tol 1e-13; h = 1e-5 as above)."""
     mod = _module(m=16, tol=1e-13, backward_tol=1e-13, max_iter=2000, backward_max_iter=2000)
