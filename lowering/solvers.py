@@ -864,8 +864,9 @@ _COMPILED: ContextVar[CompiledSteps | None] = ContextVar("convex_eq_compiled_ste
 class grad_off:  # lower case: used like torch.no_grad
     """``torch.no_grad()`` for the per-call path: gradients off inside, switched only when they
     are on (a first-order backward already runs without them).  Two Python calls against the
-    about eight of ``torch.no_grad()`` (a decorator class): 0.3–0.6 against 2.4–3.1 µs a use
-    on this machine, and the module enters such a region three to four times a call."""
+    about eight of ``torch.no_grad()`` (a decorator class): 0.4–0.6 against 1.5–3.1 µs a use
+    on this machine (two measurements), and the module enters such a region three to four
+    times a call."""
 
     __slots__ = ("on",)
 
