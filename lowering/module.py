@@ -421,6 +421,16 @@ class EquilibriumModule(nn.Module):
     def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,
                  steps: int) -> Any:
         """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
+        if torch._C._are_functorch_transforms_active():
+            # the solve reads residuals on the host and its backward is an autograd.Function
+            # differentiated by torch.autograd: torch.func would fail deep inside, untyped
+            raise OptionError(
+                "torch.func transforms (vmap, grad, jacrev, jvp, …) over the emitted module are "
+                "not supported: its solve reads residuals on the host every iteration and its "
+                "gradient is an autograd.Function for torch.autograd", term="forward",
+                hint="batch samples along dim 0 instead of vmap, and take gradients with "
+                "loss.backward() or torch.autograd.grad (create_graph=True for second order); "
+                "torch.func.functional_call works")
         compiled = self._compiled_steps(steps) if steps else None
         # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
         # so that a call that raises never leaves an earlier call's statistics behind

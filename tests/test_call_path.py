@@ -187,3 +187,30 @@ def test_hand_stop_test_is_the_module_decision() -> None:
         if bool(((r - tol).abs() <= 1e-5 * tol).any()):
             continue
         assert done(fz, z, tol) == bool((r <= tol).all())
+
+
+# ------------------------------------------------------------------ torch.func transforms
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev"])
+def test_torch_func_transforms_are_refused_with_a_typed_error(transform: str) -> None:
+    """vmap, grad and jacrev over the module would fail deep inside (an `.item()` under vmap, a
+    `requires_grad_` under grad), untyped; the module refuses them first, naming what to do."""
+    from convex_eq.errors import OptionError
+
+    mod = _module(m=16, dtype=torch.float32, tol=1e-5, backward_tol=1e-5)
+    x = torch.randn(3, 64)
+    fns = {"vmap": lambda: torch.func.vmap(lambda xi: mod(xi[None])[0])(x),
+           "grad": lambda: torch.func.grad(lambda xi: mod(xi).sum())(x),
+           "jacrev": lambda: torch.func.jacrev(lambda xi: mod(xi).sum())(x)}
+    with pytest.raises(OptionError, match="torch.func transforms") as err:
+        fns[transform]()
+    assert "loss.backward()" in str(err.value.hint)
+
+
+def test_functional_call_still_works() -> None:
+    """`torch.func.functional_call` is not a transform: it runs the module with substituted
+    parameters and gives the module's own output (the same call, the same operations)."""
+    mod = _module(m=16, dtype=torch.float32, tol=1e-5, backward_tol=1e-5)
+    x = torch.randn(3, 64)
+    ref = mod(x)
+    out = torch.func.functional_call(mod, dict(mod.named_parameters()), (x,))
+    assert torch.equal(out, ref)
