@@ -411,7 +411,7 @@ class EquilibriumModule(nn.Module):
         (docs/guide.md, torch.compile).  Eager calls never take it."""
         if torch.compiler.is_compiling():
             steps = getattr(self.config, "compile_steps", 0)
-            disabled = type(self)._forward.disabled  # (None until the first graph break)
+            disabled = getattr(type(self)._forward, "disabled", None)  # (None: not made yet)
             if disabled is not None:
                 return disabled(self, x, z0, return_stats, steps)
             return self._forward(x, z0, return_stats, steps)
