@@ -74,6 +74,10 @@ def _dense_matrix(op: Any, env: dict) -> torch.Tensor:
         return op.apply(eye, e64).T
 
 
+#: half-precision dtypes, whose norms are measured in float32
+_HALF = (torch.float16, torch.bfloat16)
+
+
 @register_norm_bound("LinOp")
 def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
     """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per value of
@@ -92,7 +96,15 @@ def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
             cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
         control.cache[name] = cached
     _, u, v, _ = cached
-    av = op.apply(v.to(w.dtype)[None], env)[0]
+    if w.dtype in _HALF:
+        # uᵀAv in float32 (the half values are exact there; a float16/bfloat16 product would
+        # round σ by up to 2⁻⁸ relative, and a σ that reads low is no bound: a bfloat16 weight
+        # of norm 1.00045 read 1.0); the cast keeps the gradient to the weight
+        env = {k: (t.float() if torch.is_tensor(t) and t.dtype in _HALF else t)
+               for k, t in env.items()}
+        av = op.apply(v.float()[None], env)[0]
+    else:
+        av = op.apply(v.to(w.dtype)[None], env)[0]
     sig = (u.to(av.dtype) * av).sum().to(torch.float64)
     target = next((t for _, n, t in control.targets if n == name), None)
     return sig if target is None else _FirstOrderNorm.apply(sig, target, name)

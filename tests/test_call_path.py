@@ -214,3 +214,27 @@ def test_functional_call_still_works() -> None:
     ref = mod(x)
     out = torch.func.functional_call(mod, dict(mod.named_parameters()), (x,))
     assert torch.equal(out, ref)
+
+
+# ------------------------------------------------------- weight control in half precision
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_norm_is_measured_in_float32(dtype: torch.dtype) -> None:
+    """The exact norm ``σ = uᵀAv`` of a half-precision weight is the float64 spectral norm of
+    its (half) values to float32 accuracy: a half-precision product rounded σ by up to 2⁻⁸
+    relative, and a σ that reads low is no bound.  1e-5 relative: the float32 product of a
+    48×64 matrix rounds by at most about 64·2⁻²⁴ ≈ 4e-6 in any summation order, while the
+    half-precision product was off by ~1e-3."""
+    import convex_eq as ce
+
+    g = torch.Generator().manual_seed(1)
+    w0 = torch.randn(48, 64, generator=g, dtype=torch.float64)
+    w0 = w0 / torch.linalg.matrix_norm(w0, 2)
+    z, q = ce.State("z", 64), ce.Input("q", 64)
+    obj = ce.Objective([ce.Potential("relu", z), ce.SqNorm(z), -ce.Linear(q, z),
+                        -ce.SqNorm(ce.Weight("W", (48, 64), w0.numpy()) @ z)])
+    mod = lowering.lower(obj).torch_module(dtype=dtype, weight_control="spectral_norm",
+                                           margin=0.0)
+    env = mod._raw_env()
+    true = float(torch.linalg.matrix_norm(env["W"].double(), 2))
+    sig, _ = mod.weight_control.norms(env)["W"]
+    assert abs(sig - true) <= 1e-5 * true
