@@ -417,11 +417,26 @@ class EquilibriumModule(nn.Module):
             return self._forward(x, z0, return_stats, steps)
         return self._forward(x, z0, return_stats, 0)
 
+    def _functorch_ok(self) -> bool:
+        """Whether the active ``torch.func`` transforms can run this call: ``backward="unroll"``
+        (plain autograd through ``K`` iterations, no autograd.Function) without weight control,
+        under grad / jacrev / jvp of the inputs.  vmap (the residuals are read on the host) and
+        transformed weights (``functional_call`` inside a transform: the env cache reads their
+        storage) are refused."""
+        if self.config.backward.mode != "unroll" or self.weight_control is not None:
+            return False
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        if any(i.key() == torch._C._functorch.TransformType.Vmap
+               for i in retrieve_all_functorch_interpreters()):
+            return False
+        return not any(torch._C._functorch.is_functorch_wrapped_tensor(w)
+                       for w in self._weight_values().values())
+
     @compile_disabled
     def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,
                  steps: int) -> Any:
         """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
-        if torch._C._are_functorch_transforms_active():
+        if torch._C._are_functorch_transforms_active() and not self._functorch_ok():
             # the solve reads residuals on the host and its backward is an autograd.Function
             # differentiated by torch.autograd: torch.func would fail deep inside, untyped
             raise OptionError(
