@@ -217,7 +217,34 @@ class WeightControl:
         self.targets = out
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "cache": {}, "projected": {}}
+        state = {**self.__dict__, "cache": {}, "projected": {}}
+        state.pop("rounded", None)
+        return state
+
+    def _rounded_norm(self, op: Any, name: str, env: dict, value: torch.Tensor) -> float:
+        """``σ̄`` of the operator at a rounded half-precision ``value`` of weight ``name`` (its
+        singular pair cached apart from the weight's own, so that neither evicts the other)."""
+        meas = self.__dict__.setdefault("rounded", _Measure())
+        with torch.no_grad():
+            return float(norm_bound(op, name, {**env, name: value.detach()}, meas))
+
+    def _scaled_below(self, op: Any, name: str, env: dict, w: torch.Tensor,
+                      scale: torch.Tensor, target: float) -> torch.Tensor:
+        """``w·s`` rounded to ``w``'s (half) dtype with ``σ̄ ≤ target`` measured at the rounded
+        value: a bfloat16 rounding of ``w·s`` reads up to ~2⁻⁸ above ``s·σ̄(w) = target``, so
+        ``s`` shrinks by the measured excess (differentiable in ``s`` as before)."""
+        eps = torch.finfo(w.dtype).eps
+        for k in range(8):
+            wh = (w.float() * scale.float()).to(w.dtype)
+            sig_h = self._rounded_norm(op, name, env, wh)
+            if sig_h <= target:
+                return wh
+            # a growing extra step (eps/16 … 8·eps): a shrink below the dtype's resolution
+            # rounds back to the same values
+            scale = scale * (target / sig_h * (1 - eps * 2.0 ** (k - 4)))
+        raise OptionError(f"weight control could not round '{name}' to {w.dtype} below its "
+                          f"target norm {target:g}", term="weight_control",
+                          hint="use a larger margin or a float32 module")
 
     def norms(self, env: dict) -> dict[str, tuple[float, float]]:
         """``name → (σ̄ of the controlled operator at env, target)`` (for logging and tests)."""
@@ -243,14 +270,34 @@ class WeightControl:
                         sig = float(norm_bound(op, name, env, self))
                         if sig > target:
                             p.mul_(target / sig)
+                            for k in range(8 if p.dtype in _HALF else 0):
+                                # the in-place product is rounded to the half dtype: measured
+                                # (and shrunk by a growing extra step, see _scaled_below)
+                                sig_h = self._rounded_norm(op, name, env, p)
+                                if sig_h <= target:
+                                    break
+                                p.mul_(target / sig_h
+                                       * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
                     self.__dict__.setdefault("projected", {})[name] = (
                         (p._version, p.data_ptr()), p.detach().clone())
                 env[name] = p
             else:
                 sig = norm_bound(op, name, env, self)
-                scale = torch.clamp(target / sig, max=1.0).to(env[name].dtype)
-                env[name] = env[name] * scale
+                w = env[name]
+                if w.dtype in _HALF and bool(sig > target):  # (else: w itself, nothing rounded)
+                    env[name] = self._scaled_below(op, name, env, w, target / sig, target)
+                else:
+                    scale = torch.clamp(target / sig, max=1.0).to(w.dtype)
+                    env[name] = w * scale
         return env
+
+
+class _Measure:
+    """The cache :func:`exact_norm` needs, for norms measured outside the control's targets."""
+
+    def __init__(self) -> None:
+        self.cache: dict[str, Any] = {}
+        self.targets: tuple = ()
 
 
 class _FirstOrderNorm(torch.autograd.Function):
