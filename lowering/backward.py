@@ -326,6 +326,19 @@ class _Solved:
         self.z = z
 
 
+def _refuse_batched_backward() -> None:
+    """A typed error for a vectorised (vmapped) backward of the implicit gradient: its adjoint
+    solve reads residuals on the host per iteration, which a batched ``v`` cannot give."""
+    raise OptionError(
+        "batched gradients through backward='implicit' are not supported "
+        "(torch.autograd.grad(is_grads_batched=True), "
+        "torch.autograd.functional.jacobian(vectorize=True), "
+        "gradcheck(check_batched_grad=True), vmap over a vjp): the adjoint solve reads "
+        "residuals on the host every iteration", term="backward",
+        hint="compute the rows one at a time (jacobian(..., vectorize=False), a loop over "
+        "grad_outputs), or use backward='phantom' or 'unroll'")
+
+
 class _ImplicitFixedPoint(torch.autograd.Function):
     """Output ``z*``; backward ``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v``, differentiable (second order)."""
 
@@ -350,6 +363,9 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         needs = list(ctx.needs_input_grad[2:])
         if not any(needs):
             return (None, None, *([None] * len(tensors)))
+        if torch._C._functorch.is_legacy_batchedtensor(v) \
+                or torch._C._are_functorch_transforms_active():
+            _refuse_batched_backward()
         if not torch.is_grad_enabled() and problem.plan is not None:
             return (None, None, *_planned_backward(problem, z, v, needs))
         if not torch.is_grad_enabled():  # first order: leaf copies, one retained graph

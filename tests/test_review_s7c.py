@@ -81,3 +81,32 @@ def test_half_precision_rescaled_weight_stays_below_the_bound(dtype: torch.dtype
     eff = mod.env()["W"]
     assert eff.dtype == dtype
     assert float(torch.linalg.matrix_norm(eff.double(), 2)) <= 1.0 + 1e-5
+
+
+# ------------------------------------------- batched (vmapped) backward of the implicit gradient
+@pytest.mark.parametrize("how", ["is_grads_batched", "jacobian_vectorize", "vmap_vjp"])
+def test_batched_backward_through_the_implicit_gradient_is_a_typed_error(how: str) -> None:
+    """A vmapped backward reached the adjoint solve's host reads and failed untyped ("Batching
+    rule not implemented for aten::item"); it is refused with a typed error naming what to do,
+    and the row-by-row Jacobian still works."""
+    layer = lowering.lower(qp_objective(qp_weight(8, norm=0.9, seed=0)))
+    mod = layer.torch_module(weight_control=None, dtype=torch.float64, tol=1e-10,
+                             backward_tol=1e-10)
+    x = torch.randn(1, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    eye = torch.eye(64, dtype=torch.float64)[:, None]
+
+    def batched() -> None:
+        if how == "jacobian_vectorize":
+            torch.autograd.functional.jacobian(mod, x, vectorize=True)
+            return
+        xx = x.clone().requires_grad_()
+        z = mod(xx)
+        if how == "is_grads_batched":
+            torch.autograd.grad(z, xx, eye, is_grads_batched=True)
+        else:
+            torch.func.vmap(lambda v: torch.autograd.grad(z, xx, v, retain_graph=True))(eye)
+
+    with pytest.raises(OptionError, match="batched gradients") as err:
+        batched()
+    assert "vectorize=False" in str(err.value.hint)
+    assert torch.autograd.functional.jacobian(mod, x).shape == (1, 64, 1, 64)
