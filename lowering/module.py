@@ -432,6 +432,23 @@ class EquilibriumModule(nn.Module):
         return not any(torch._C._functorch.is_functorch_wrapped_tensor(w)
                        for w in self._weight_values().values())
 
+    def _refuse_forward_ad(self, inputs: dict[str, torch.Tensor],
+                           env: dict[str, torch.Tensor]) -> None:
+        """Forward-mode AD (dual tensors) reaches the implicit and phantom backwards'
+        autograd.Functions, which have no ``jvp``: a typed error before the solve."""
+        if self.config.backward.mode == "unroll":
+            return
+        import torch.autograd.forward_ad as fwad
+        duals = [k for k, t in (*inputs.items(), *env.items())
+                 if torch.is_tensor(t) and fwad.unpack_dual(t).tangent is not None]
+        if duals:
+            raise OptionError(
+                f"forward-mode AD (dual tensors: {duals}) through backward="
+                f"'{self.config.backward.mode}' is not supported: its gradient is a reverse-mode "
+                "autograd.Function", term="forward",
+                hint="take gradients with loss.backward() or torch.autograd.grad, or use "
+                "backward='unroll' for forward-mode AD")
+
     @compile_disabled
     def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,
                  steps: int) -> Any:
@@ -459,6 +476,8 @@ class EquilibriumModule(nn.Module):
         if out_dtype in HALF:  # solved in float32; gradients flow back through the casts
             inputs = {k: v.float() for k, v in inputs.items()}
             env = {k: (v.float() if v.dtype in HALF else v) for k, v in env.items()}
+        if torch.autograd.forward_ad._current_level >= 0:  # (-1: no dual level entered)
+            self._refuse_forward_ad(inputs, env)
         ref = next(iter(inputs.values()), None)
         b = ref.shape[0] if ref is not None else \
             (z0.shape[0] if isinstance(z0, torch.Tensor) and z0.ndim else 1)

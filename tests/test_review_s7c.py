@@ -110,3 +110,27 @@ def test_batched_backward_through_the_implicit_gradient_is_a_typed_error(how: st
         batched()
     assert "vectorize=False" in str(err.value.hint)
     assert torch.autograd.functional.jacobian(mod, x).shape == (1, 64, 1, 64)
+
+
+# ------------------------------------------------------------------------ forward-mode AD
+@pytest.mark.parametrize("backward", ["implicit", "phantom"])
+def test_forward_mode_ad_is_a_typed_error_and_unroll_still_runs(backward: str) -> None:
+    """Dual tensors reached an autograd.Function without ``jvp`` (an untyped
+    NotImplementedError from torch); refused first, naming what to do.  ``unroll`` (plain
+    autograd) keeps forward-mode AD: its tangent is ``J·1``, matching ``1ᵀJ`` summed (the
+    same float64 operations: 1e-10 relative)."""
+    import torch.autograd.forward_ad as fwad
+
+    layer = lowering.lower(qp_objective(qp_weight(8, norm=0.9, seed=0)))
+    mod = layer.torch_module(weight_control=None, dtype=torch.float64, backward=backward)
+    x = torch.randn(3, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with fwad.dual_level():
+        with pytest.raises(OptionError, match="forward-mode AD") as err:
+            mod(fwad.make_dual(x, torch.ones_like(x)))
+    assert "backward='unroll'" in str(err.value.hint)
+    unr = _unrolled()
+    with fwad.dual_level():
+        t = fwad.unpack_dual(unr(fwad.make_dual(x, torch.ones_like(x)))).tangent
+    xx = x.clone().requires_grad_()
+    unr(xx).sum().backward()
+    assert abs(float(t.sum()) - float(xx.grad.sum())) <= 1e-10 * abs(float(xx.grad.sum()))
