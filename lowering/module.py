@@ -242,6 +242,8 @@ class EquilibriumModule(nn.Module):
         estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
         state = self.__dict__.copy()
         state.pop("_compiled", None)  # compiled functions: made again on first use
+        state.pop("_express_spec", None)  # decided again per config on first use
+        state.pop("_adjoint", None)
         try:
             import pickle
 
@@ -454,8 +456,9 @@ class EquilibriumModule(nn.Module):
                  steps: int) -> Any:
         """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager)."""
         if torch._C._are_functorch_transforms_active() and not self._functorch_ok():
-            # the solve reads residuals on the host and its backward is an autograd.Function
-            # differentiated by torch.autograd: torch.func would fail deep inside, untyped
+            # the solve reads residuals on the host every iteration and its backward is an
+            # autograd.Function differentiated by torch.autograd: torch.func would fail deep
+            # inside, untyped
             raise OptionError(
                 "torch.func transforms (vmap, grad, jacrev, jvp, …) over the emitted module are "
                 "not supported: its solve reads residuals on the host every iteration and its "
@@ -463,16 +466,26 @@ class EquilibriumModule(nn.Module):
                 hint="batch samples along dim 0 instead of vmap, and take gradients with "
                 "loss.backward() or torch.autograd.grad (create_graph=True for second order); "
                 "torch.func.functional_call works")
-        compiled = self._compiled_steps(steps) if steps else None
         # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
         # so that a call that raises never leaves an earlier call's statistics behind
         self.__dict__["last_stats"] = None
         weights = self._weight_values()
         out_dtype = self._dtype_from(weights)
+        env = None
+        if not steps and z0 is None and type(x) is torch.Tensor and x.dtype == out_dtype \
+                and x.ndim == 2 and x.shape[0] and x.shape[1] == self._express_width() \
+                and out_dtype not in HALF and torch.autograd.forward_ad._current_level < 0 \
+                and not compiled_steps_set():
+            # (a disabled region already: env()'s own wrapper is not needed; an env set on the
+            # instance, e.g. a test substituting a weight, is honoured)
+            env = self._env(weights) if "env" not in self.__dict__ else self.env()
+            out = self._express(x, env, return_stats)
+            if out is not None:
+                return out
+        compiled = self._compiled_steps(steps) if steps else None
         inputs = self._inputs(x, out_dtype)
-        # (a disabled region already: env()'s own wrapper is not needed; an env set on the
-        # instance, e.g. a test substituting a weight, is honoured)
-        env = self._env(weights) if "env" not in self.__dict__ else self.env()
+        if env is None:
+            env = self._env(weights) if "env" not in self.__dict__ else self.env()
         if out_dtype in HALF:  # solved in float32; gradients flow back through the casts
             inputs = {k: v.float() for k, v in inputs.items()}
             env = {k: (v.float() if v.dtype in HALF else v) for k, v in env.items()}
@@ -497,26 +510,92 @@ class EquilibriumModule(nn.Module):
             inputs = {k: v[keep] for k, v in inputs.items()}
             z0 = z0[keep]
         keys_in, keys_env = list(inputs), list(env)
-        n_in = len(keys_in)
-
-        def fn(z: torch.Tensor, ts: Any) -> torch.Tensor:
-            return self.T(z, dict(zip(keys_in, ts[:n_in])), dict(zip(keys_env, ts[n_in:])))
-
+        fn = self._t_fn(keys_in, keys_env)
         tensors = [inputs[k] for k in keys_in] + [env[k] for k in keys_env]
 
         def f(z: torch.Tensor) -> torch.Tensor:
             return fn(z, tensors)
 
-        mode = self.config.backward.mode
-        if mode == "unroll":
+        if self.config.backward.mode == "unroll":
             z_star, stats = self._unroll(f, z0)
             planned = None
         else:
-            planned = self._plan(keys_in, keys_env, tensors, z0, mode)
+            planned = self._plan(keys_in, keys_env, tensors, z0)
             if planned is None:  # only a plan's T is compiled
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
                                         compiled and compiled[0], planned is not None)
+        return self._finish(z_star, stats, z0, planned, compiled, fn, tensors, len(keys_in),
+                            inputs, env, bad_in, b, out_dtype, return_stats)
+
+    def _express_width(self) -> int:
+        """The width of the one flat input when the layer can take the express call
+        (:meth:`_express`), else 0: one state block with a plan, one input, no SAM, no
+        unrolled backward, no output map, the state itself as the output.  Decided once per
+        config (the node tree does not change; ``_plannable`` turns False once a plan is
+        refused)."""
+        spec = self.__dict__.get("_express_spec")
+        if spec is None or spec[0] is not self.config:
+            cfg, derived = self.config, self.derived
+            blocks, syms = self.blocks, self.input_syms
+            outs = derived.output_blocks
+            ok = (len(blocks) == 1 and len(syms) == 1 and cfg.sam is None
+                  and cfg.backward.mode != "unroll" and derived.outputs is None
+                  and len(outs) == 1 and tuple(outs[0].shape) == (blocks[0].size,))
+            spec = self.__dict__["_express_spec"] = (cfg, syms[0].size if ok else 0)
+        return spec[1] if self.__dict__.get("_plannable", True) else 0
+
+    def _express(self, x: torch.Tensor, env: dict[str, torch.Tensor],
+                 return_stats: bool) -> Any:
+        """The common call (one flat finite input of the module's dtype, a planned layer,
+        eager, no warm start) on its shortest way: the same checks, plan, solver, statistics
+        and backward strategy as the general path, without the steps that only other calls
+        need (input dicts, casts, masks, output maps; docs/theory.md §8).  None when the
+        input has NaN/Inf or the layer has no plan: nothing was solved, and the general path
+        (which reports or masks those samples) takes the call with the same ``env``."""
+        with grad_off():  # one reduction: a finite norm means finite entries
+            finite = math.isfinite(float(torch.linalg.vector_norm(x)))
+        if not finite:
+            return None
+        b = x.shape[0]
+        z0 = torch.zeros(b, self.__dict__.get("_state_size") or self.state_size,
+                         dtype=x.dtype, device=x.device)
+        keys_in, keys_env = [self.input_syms[0].name], list(env)
+        tensors = [x, *env.values()]
+        planned = self._plan(keys_in, keys_env, tensors, z0)
+        if planned is None:
+            return None
+        fc = self.config.forward
+        with grad_off():
+            z_star, stats = get_solver(fc.solver)(planned[0].fn, z0, tol=fc.tol,
+                                                  max_iter=fc.max_iter, **fc.options)
+        fn = self._t_fn(keys_in, keys_env)
+        if not stats.all_converged:  # judged, masked or warned as any other call
+            return self._finish(z_star, stats, z0, planned, None, fn, tensors, 1,
+                                {keys_in[0]: x}, env, None, b, x.dtype, return_stats)
+        self.__dict__["last_stats"] = stats
+        z = self._attach(fn, tensors, z_star, z0, planned, None, None, b)
+        return (z, stats) if return_stats else z
+
+    def _t_fn(self, keys_in: list[str], keys_env: list[str]) -> Any:
+        """``T(z, tensors)`` with the tensors in the order inputs (``keys_in``) then weights
+        (``keys_env``): what the backward strategies differentiate."""
+        n_in = len(keys_in)
+
+        def fn(z: torch.Tensor, ts: Any) -> torch.Tensor:
+            return self.T(z, dict(zip(keys_in, ts[:n_in])), dict(zip(keys_env, ts[n_in:])))
+
+        return fn
+
+    def _finish(self, z_star: torch.Tensor, stats: SolverStats, z0: torch.Tensor,
+                planned: tuple[Plan, list[torch.Tensor]] | None,
+                compiled: tuple[CompiledSteps, CompiledSteps] | None, fn: Any,
+                tensors: list[torch.Tensor], n_in: int, inputs: dict[str, torch.Tensor],
+                env: dict[str, torch.Tensor], bad_in: torch.Tensor | None, b: int,
+                out_dtype: torch.dtype, return_stats: bool) -> Any:
+        """After the solve: judge it (raise / warn / mask), attach the backward strategy,
+        apply the output map, put masked samples back, shape the output."""
+        mode = self.config.backward.mode
         # over the whole batch (dropped samples: non-finite), kept when _judge raises
         batch_stats = stats if bad_in is None else _expand_stats(stats, ~bad_in)
         self.__dict__["last_stats"] = batch_stats
@@ -543,7 +622,7 @@ class EquilibriumModule(nn.Module):
             z = derived.output(z, inputs, env)
         if bad_in is not None:  # put the dropped samples back (NaN)
             full = torch.full((b, z.shape[1]), float("nan"), dtype=z.dtype, device=z.device)
-            z = full.index_put((torch.nonzero(keep).flatten(),), z)
+            z = full.index_put((torch.nonzero(~bad_in).flatten(),), z)
             stats = batch_stats
         if out_dtype in HALF:
             z = z.to(out_dtype)
@@ -648,8 +727,10 @@ class EquilibriumModule(nn.Module):
         if plan is None:
             self._plannable = False  # the node tree does not change: do not ask again
             return None
-        # without gradients the plan holds the tensors themselves (no leaves for a backward)
-        return Root(plan), (leaves if grad else [])
+        # without gradients the plan holds the tensors themselves (no leaves for a backward);
+        # a plan whose value always has the state's shape needs no Root (nothing to broadcast)
+        return (plan if getattr(plan, "batch_shaped", False) else Root(plan)), \
+            (leaves if grad else [])
 
     def _attach(self, fn: Any, tensors: list[torch.Tensor], z_star: torch.Tensor,
                 z0: torch.Tensor, planned: tuple[Plan, list[torch.Tensor]] | None = None,
@@ -664,21 +745,39 @@ class EquilibriumModule(nn.Module):
             if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
                 return z_star.detach()
         cfg = self.config
-        adj = AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
-                            cfg.on_nonconvergence, cfg.backward.adjoint,
-                            not self._batch_coupled, steps if planned is not None else None,
-                            rows)
+        steps = steps if planned is not None else None
+        if steps is None and rows is None:  # the common call: one config per module config
+            have = self.__dict__.get("_adjoint")
+            if have is None or have[0] is not cfg:
+                have = self.__dict__["_adjoint"] = (cfg, self._adjoint_config(None, None))
+            adj, sink = have[1], self._backward_sink
+        else:
+            adj = self._adjoint_config(steps, rows)
 
-        def sink(st: SolverStats) -> None:
-            # a plain attribute (as last_stats), over the whole batch: samples left out of the
-            # backward read not converged, residual NaN
-            self.__dict__["last_backward_stats"] = st if rows is None else \
-                _spread_stats(st, rows, batch, dropped_nonfinite=False)
+            def sink(st: SolverStats) -> None:
+                # over the whole batch: samples left out of the backward read not converged,
+                # residual NaN
+                self.__dict__["last_backward_stats"] = st if rows is None else \
+                    _spread_stats(st, rows, batch, dropped_nonfinite=False)
 
         problem = FixedPointProblem(fn, tensors, adj, sink)
         if planned is not None and planned[1]:  # built with autograd from leaf copies
             problem.plan, problem.leaves = planned
         return self._strategy.attach(problem, z_star, z0, cfg.backward)
+
+    def _adjoint_config(self, steps: CompiledSteps | None, rows: torch.Tensor | None
+                        ) -> AdjointConfig:
+        """How this module's adjoint fixed points are solved (``rows``: the batch index of
+        each row of a subset, None for the whole batch)."""
+        cfg = self.config
+        return AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
+                             cfg.on_nonconvergence, cfg.backward.adjoint,
+                             not self._batch_coupled, steps, rows)
+
+    def _backward_sink(self, st: SolverStats) -> None:
+        """The adjoint solve's statistics, as ``last_backward_stats`` (a plain attribute, as
+        ``last_stats``)."""
+        self.__dict__["last_backward_stats"] = st
 
     # (no compile_disabled of its own: called only from _forward's disabled region)
     def _solve(self, f: Any, z0: torch.Tensor, inputs: dict, env: dict,

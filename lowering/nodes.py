@@ -135,7 +135,7 @@ class Sigma(Node):
             df = act.sigma_prime if getattr(act, "has_sigma_prime", False) else None
             ops = self.__dict__["_ops"] = (act, act.torch_sigma, df,
                                            getattr(act, "torch_sigma_", None))
-        return pl.Elementwise(ops[1], inner, ops[2], f_inplace=ops[3])
+        return pl.elementwise(ops[1], inner, ops[2], f_inplace=ops[3])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -399,6 +399,77 @@ class Elementwise:
         return self.inner.param_vjp(z, d * g)
 
 
+class AffineElementwise:
+    """``z ↦ f(c + zM)`` with ``f`` elementwise: :class:`Elementwise` over the fused affine
+    :class:`Sum` (the canonical OptEq form ``σ(Ux + b + Wz)``), as one flat type:
+    ``Jᵀv = (f'(p) ⊙ v) Mᵀ`` at ``p = c + zM`` and ``(∂/∂c, ∂/∂M)ᵀ g = (f'(p) ⊙ g,
+    zᵀ(f'(p) ⊙ g))``, the same values as the nested form in fewer Python frames per call
+    (docs/theory.md §8, solver bookkeeping).  Built by :func:`elementwise`."""
+
+    #: the value is a new ``(B, N)`` tensor at every evaluation (no broadcast to check)
+    batch_shaped = True
+
+    def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], inner: Sum,
+                 df: Callable[[torch.Tensor], torch.Tensor] | None,
+                 f_inplace: Callable[[torch.Tensor], torch.Tensor] | None):
+        assert inner.affine is not None
+        self.f, self.inner, self.df = f, inner, df
+        self.c, mat = inner.affine
+        self.m, self.mt = mat.m, mat.transposed()
+        self._point: tuple[torch.Tensor, torch.Tensor] | None = None  # (z, f'(c + zM))
+        c, m = self.c, self.m
+        act = f_inplace if f_inplace is not None else f
+        self.fn = lambda z: act(torch.addmm(c, z, m))
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fn(z)
+
+    def _derivative(self, p: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(f(p) or None, f'(p))``: ``f'`` in closed form when given (no graph), else by
+        autograd (then ``f(p)`` comes with it)."""
+        df = self.df
+        if df is None:
+            return elementwise_derivative(self.f, p)
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return None, df(p)
+        return None, df(p)
+
+    def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
+        p = torch.addmm(self.c, z, self.m)
+        out, d = self._derivative(p)
+        if value and (out is None or (torch.is_grad_enabled() and p.requires_grad)):
+            out = self.f(p)  # (with autograd on: the graph to the weights and inputs)
+        self._point = (z, d)
+        return out, DiagonalThenT(d, MatrixT(self.mt))
+
+    def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
+        point = self._point
+        if point is not None and point[0] is z:  # linearised here already
+            d = point[1]
+        else:
+            d = self._derivative(torch.addmm(self.c, z, self.m))[1]
+        dg = d * g
+        out: list[tuple[torch.Tensor, torch.Tensor]] = []
+        c, m = self.c, self.m
+        if c.requires_grad:
+            out.append((c, dg if dg.shape == c.shape else dg.sum_to_size(c.shape)))
+        if m.requires_grad:
+            out.append((m, z.T @ dg))  # ∂<dg, zM>/∂M
+        return out
+
+
+def elementwise(f: Callable[[torch.Tensor], torch.Tensor], inner: Plan,
+                df: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                has_params: bool = False,
+                f_inplace: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Plan:
+    """The plan of ``f(inner(z))``: :class:`AffineElementwise` over a fused ``c + zM`` (``f``
+    without weights of its own), :class:`Elementwise` otherwise."""
+    if not has_params and getattr(inner, "affine", None) is not None:
+        return AffineElementwise(f, inner, df, f_inplace)  # type: ignore[arg-type]
+    return Elementwise(f, inner, df, has_params, f_inplace)
+
+
 def _affine_form(parts: list[Any]) -> tuple[torch.Tensor, Matrix] | None:
     """``(c, the Matrix part M)`` when the sum is exactly a constant and a matrix with unit
     coefficients (the canonical OptEq pre-activation ``q + WᵀWz``): ``z ↦ c + zM`` is then one

@@ -112,12 +112,11 @@ def test_wrong_blocks_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_wrong_elementwise_derivative_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above can fail: with σ' replaced by 1 (a plausible slip) the Jᵀ error is O(1)."""
-    orig = pl.Elementwise.__init__
+    for cls in (pl.Elementwise, pl.AffineElementwise):  # (the nested and the flat form)
+        def broken(self, f, inner, df=None, *args, _orig=cls.__init__, **kw):
+            _orig(self, f, inner, lambda p: torch.ones_like(p), *args, **kw)
 
-    def broken(self, f, inner, df=None, **kw):
-        orig(self, f, inner, lambda p: torch.ones_like(p), **kw)
-
-    monkeypatch.setattr(pl.Elementwise, "__init__", broken)
+        monkeypatch.setattr(cls, "__init__", broken)
     mod = _module(PLANNED["opteq-relu"]())
     _, lin = _plan_errors(mod, seed=7)
     assert lin > 1e-2, lin
