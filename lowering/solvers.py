@@ -1148,6 +1148,9 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
 AUTO_ANDERSON_STATE = 256
 AUTO_PLAIN_BUDGET = 60
 AUTO_WINDOW = 4
+#: a prediction of at most this many further plain iterations is not tested again before it
+#: has run out (each test costs about as much as an iteration of a small state, cold)
+AUTO_TAIL = 16
 
 
 @register_solver("auto")
@@ -1214,7 +1217,11 @@ class _AutoWatch:
                 need = math.log(self.tol / top) / math.log(rate)
             if need > min(AUTO_PLAIN_BUDGET, (self.max_iter - k) / 2):
                 return True
-            step = max(AUTO_WINDOW, int(need) // 2)
+            # half the predicted iterations, at least AUTO_WINDOW; a prediction of at most
+            # AUTO_TAIL more is tested again only AUTO_WINDOW past its end (a solve that ends
+            # as predicted asks no more: switching that close to the end could not pay)
+            step = int(need) + AUTO_WINDOW if need <= AUTO_TAIL else \
+                max(AUTO_WINDOW, int(need) // 2)
         self.next, self.then, self.k = k + step, top, k
         return False
 

@@ -147,7 +147,8 @@ def _reference_need(now: float, then: float, tol: float, window: int) -> float:
 
 @pytest.mark.parametrize("now,then,window", [
     (1e-3, 1e-2, 4), (1e-3, 1e-3, 4), (2e-3, 1e-3, 4), (1e-7, 1e-6, 4), (1e-7, 2e-8, 4),
-    (math.nan, 1e-2, 4), (1e-3, math.inf, 4), (0.0, 1e-2, 4), (5e-4, 9e-4, 13)])
+    (math.nan, 1e-2, 4), (1e-3, math.inf, 4), (0.0, 1e-2, 4), (5e-4, 9e-4, 13),
+    (1e-4, 1e-3, 4), (1e-3, 2.5e-3, 4)])
 def test_auto_watch_decides_as_the_reference_prediction(now: float, then: float,
                                                         window: int) -> None:
     """The watch switches to Anderson exactly when the reference prediction exceeds the budget
@@ -163,8 +164,10 @@ def test_auto_watch_decides_as_the_reference_prediction(now: float, then: float,
         need = _reference_need(now, then, tol, window)
         switch = need > min(solvers.AUTO_PLAIN_BUDGET, (max_iter - k) / 2)
         assert w(k) is switch
-        if not switch:
-            assert w.next == k + max(solvers.AUTO_WINDOW, int(need) // 2)
+        if not switch:  # half the prediction, or (a short one) AUTO_WINDOW past its end
+            assert w.next == k + (int(need) + solvers.AUTO_WINDOW
+                                  if need <= solvers.AUTO_TAIL
+                                  else max(solvers.AUTO_WINDOW, int(need) // 2))
 
 
 # ----------------------------------------------------------------- the hand-loop stop test
