@@ -708,7 +708,7 @@ class EquilibriumModule(nn.Module):
             return None
         on = torch.is_grad_enabled()
         grad = False
-        if on and (mode or self.backward) == "implicit":
+        if on and (mode or self.config.backward.mode) == "implicit":
             for t in tensors:
                 if t.requires_grad:
                     grad = True

@@ -414,8 +414,8 @@ class AffineElementwise:
                  f_inplace: Callable[[torch.Tensor], torch.Tensor] | None):
         assert inner.affine is not None
         self.f, self.inner, self.df = f, inner, df
-        self.c, mat = inner.affine
-        self.m, self.mt = mat.m, mat.transposed()
+        self.c, self.mat = inner.affine
+        self.m = self.mat.m
         self._point: tuple[torch.Tensor, torch.Tensor] | None = None  # (z, f'(c + zM))
         c, m = self.c, self.m
         act = f_inplace if f_inplace is not None else f
@@ -441,7 +441,7 @@ class AffineElementwise:
         if value and (out is None or (torch.is_grad_enabled() and p.requires_grad)):
             out = self.f(p)  # (with autograd on: the graph to the weights and inputs)
         self._point = (z, d)
-        return out, DiagonalThenT(d, MatrixT(self.mt))
+        return out, DiagonalThenT(d, MatrixT(self.mat.transposed()))
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         point = self._point
@@ -495,16 +495,22 @@ class Sum:
         #: ``(c, the Matrix part M)`` of the fused ``c + zM`` (None otherwise): its value is a
         #: new ``(B, N)`` tensor at every evaluation
         self.affine = _affine_form(parts)
-        self._fast: Callable[[torch.Tensor], torch.Tensor] | None = None
+        #: the value is a new ``(B, N)`` tensor at every evaluation when fused
+        self.batch_shaped = self.affine is not None
+
+    @property
+    def fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The evaluation as one flat function (made when asked: a Sum inside
+        :class:`AffineElementwise` is never evaluated on its own; no bound method kept on the
+        instance, which would be a reference cycle)."""
         if self.affine is not None:
             c, m = self.affine[0], self.affine[1].m
-            self._fast = lambda z: torch.addmm(c, z, m)
-        self.fn = self._fast if self._fast is not None else self.__call__
-        self.batch_shaped = self._fast is not None
+            return lambda z: torch.addmm(c, z, m)
+        return self.__call__
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        if self._fast is not None:
-            return self._fast(z)
+        if self.affine is not None:
+            return torch.addmm(self.affine[0], z, self.affine[1].m)
         return weighted_sum(self.parts, z)
 
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
