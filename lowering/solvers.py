@@ -1148,9 +1148,6 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
 AUTO_ANDERSON_STATE = 256
 AUTO_PLAIN_BUDGET = 60
 AUTO_WINDOW = 4
-#: a prediction of at most this many further plain iterations is not tested again before it
-#: has run out (each test costs about as much as an iteration of a small state, cold)
-AUTO_TAIL = 16
 
 
 @register_solver("auto")
@@ -1161,9 +1158,10 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
     states with ``N ≥ AUTO_ANDERSON_STATE``; below that, plain iteration, continued by Anderson
     (from the current iterate, same statistics) once the worst residual's rate since the last
     test predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further plain iterations
-    (tests every ``AUTO_WINDOW`` iterations, or after half the iterations the last test
-    predicted: :class:`_AutoWatch`).  The choice depends on the residuals only (deterministic);
-    ``stats.solver`` says what ran (``"plain"``, ``"anderson"``, ``"plain→anderson"``)."""
+    (tested ``AUTO_WINDOW`` iterations after the first, then ``AUTO_WINDOW`` past the end the
+    last test predicted: :class:`_AutoWatch`).  The choice depends on the residuals only
+    (deterministic); ``stats.solver`` says what ran (``"plain"``, ``"anderson"``,
+    ``"plain→anderson"``)."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
     if z0.shape[-1] >= AUTO_ANDERSON_STATE:
@@ -1184,10 +1182,10 @@ class _AutoWatch:
     """``auto``'s switch test, asked by :func:`_plain_phase` after ``k`` evaluations once
     ``k ≥ next``: the worst residual's rate since the last test (``AUTO_WINDOW`` iterations
     after the first) predicts the further plain iterations; more than ``min(AUTO_PLAIN_BUDGET,
-    left / 2)`` switches to Anderson (True).  Otherwise the next test comes after half the
-    predicted iterations, at least ``AUTO_WINDOW`` later: a rate that keeps up needs no
-    re-test sooner, and one that slows down is caught within half of what it had predicted
-    (each test costs as much as a few iterations of a small state)."""
+    left / 2)`` switches to Anderson (True).  Otherwise the next test comes ``AUTO_WINDOW``
+    iterations past the predicted end: a solve that ends as predicted is not asked again, and
+    one that slows down is caught there, after at most ``AUTO_PLAIN_BUDGET`` plain iterations
+    (each test costs as much as an iteration of a small state, cold)."""
 
     __slots__ = ("k", "max_iter", "next", "then", "tol", "tr")
 
@@ -1217,11 +1215,11 @@ class _AutoWatch:
                 need = math.log(self.tol / top) / math.log(rate)
             if need > min(AUTO_PLAIN_BUDGET, (self.max_iter - k) / 2):
                 return True
-            # half the predicted iterations, at least AUTO_WINDOW; a prediction of at most
-            # AUTO_TAIL more is tested again only AUTO_WINDOW past its end (a solve that ends
-            # as predicted asks no more: switching that close to the end could not pay)
-            step = int(need) + AUTO_WINDOW if need <= AUTO_TAIL else \
-                max(AUTO_WINDOW, int(need) // 2)
+            # tested again AUTO_WINDOW past the predicted end: a solve that ends as predicted
+            # asks no more (each test costs about as much as an iteration of a small state,
+            # cold); one that slows down is caught there, after at most the predicted
+            # (≤ AUTO_PLAIN_BUDGET) plain iterations, which cost ~1/5 of Anderson's each
+            step = int(need) + AUTO_WINDOW
         self.next, self.then, self.k = k + step, top, k
         return False
 

@@ -164,10 +164,8 @@ def test_auto_watch_decides_as_the_reference_prediction(now: float, then: float,
         need = _reference_need(now, then, tol, window)
         switch = need > min(solvers.AUTO_PLAIN_BUDGET, (max_iter - k) / 2)
         assert w(k) is switch
-        if not switch:  # half the prediction, or (a short one) AUTO_WINDOW past its end
-            assert w.next == k + (int(need) + solvers.AUTO_WINDOW
-                                  if need <= solvers.AUTO_TAIL
-                                  else max(solvers.AUTO_WINDOW, int(need) // 2))
+        if not switch:  # tested again AUTO_WINDOW past the predicted end
+            assert w.next == k + int(need) + solvers.AUTO_WINDOW
 
 
 # ----------------------------------------------------------------- the hand-loop stop test
