@@ -242,8 +242,7 @@ class EquilibriumModule(nn.Module):
         estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
         state = self.__dict__.copy()
         state.pop("_compiled", None)  # compiled functions: made again on first use
-        state.pop("_express_spec", None)  # decided again per config on first use
-        state.pop("_adjoint", None)
+        state.pop("_express_spec", None)  # decided again on first use
         try:
             import pickle
 
@@ -531,19 +530,23 @@ class EquilibriumModule(nn.Module):
     def _express_width(self) -> int:
         """The width of the one flat input when the layer can take the express call
         (:meth:`_express`), else 0: one state block with a plan, one input, no SAM, no
-        unrolled backward, no output map, the state itself as the output.  Decided once per
-        config (the node tree does not change; ``_plannable`` turns False once a plan is
-        refused)."""
-        spec = self.__dict__.get("_express_spec")
-        if spec is None or spec[0] is not self.config:
-            cfg, derived = self.config, self.derived
+        unrolled backward, no output map, the state itself as the output.  The layer's part
+        is decided once (the node tree does not change; ``_plannable`` turns False once a plan
+        is refused); the options are read on every call, as the general path reads them
+        (``config`` is mutable: a field changed in place keeps the same object)."""
+        cfg = self.config
+        if cfg.sam is not None or cfg.backward.mode == "unroll" \
+                or not self.__dict__.get("_plannable", True):
+            return 0
+        width = self.__dict__.get("_express_spec")
+        if width is None:
+            derived = self.derived
             blocks, syms = self.blocks, self.input_syms
             outs = derived.output_blocks
-            ok = (len(blocks) == 1 and len(syms) == 1 and cfg.sam is None
-                  and cfg.backward.mode != "unroll" and derived.outputs is None
+            ok = (len(blocks) == 1 and len(syms) == 1 and derived.outputs is None
                   and len(outs) == 1 and tuple(outs[0].shape) == (blocks[0].size,))
-            spec = self.__dict__["_express_spec"] = (cfg, syms[0].size if ok else 0)
-        return spec[1] if self.__dict__.get("_plannable", True) else 0
+            width = self.__dict__["_express_spec"] = syms[0].size if ok else 0
+        return width
 
     def _express(self, x: torch.Tensor, env: dict[str, torch.Tensor],
                  return_stats: bool) -> Any:
@@ -745,15 +748,11 @@ class EquilibriumModule(nn.Module):
             if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
                 return z_star.detach()
         cfg = self.config
-        steps = steps if planned is not None else None
-        if steps is None and rows is None:  # the common call: one config per module config
-            have = self.__dict__.get("_adjoint")
-            if have is None or have[0] is not cfg:
-                have = self.__dict__["_adjoint"] = (cfg, self._adjoint_config(None, None))
-            adj, sink = have[1], self._backward_sink
+        # (made per call: the options are read on every call, as config is mutable)
+        adj = self._adjoint_config(steps if planned is not None else None, rows)
+        if rows is None:
+            sink = self._backward_sink
         else:
-            adj = self._adjoint_config(steps, rows)
-
             def sink(st: SolverStats) -> None:
                 # over the whole batch: samples left out of the backward read not converged,
                 # residual NaN
