@@ -81,6 +81,7 @@ def test_sam_set_in_place_is_not_bypassed() -> None:
         m(_x())
     z = m.derived.blocks[0]
     m.config.sam = lowering.SAMConfig(R=ce.SqNorm(z), max_iter=200, tol=1e-1)
+    m.config.on_nonconvergence = "warn"  # (the test reads which solve ran, not how far it got)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m(_x())
