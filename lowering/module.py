@@ -334,7 +334,8 @@ class EquilibriumModule(nn.Module):
     def _inputs(self, x: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         syms = self.input_syms
         if isinstance(x, torch.Tensor) and len(syms) == 1 and x.ndim == 2 \
-                and x.shape[1] == syms[0].size:  # the common call: one flat (B, size) input
+                and x.shape[1] == syms[0].size and x.layout == torch.strided:
+            # the common call: one flat (B, size) dense input
             dtype = self.dtype if dtype is None else dtype
             return {syms[0].name: x if x.dtype == dtype else x.to(dtype)}
         if x is None or (isinstance(x, dict) and not x):
@@ -357,6 +358,10 @@ class EquilibriumModule(nn.Module):
             t = given[s.name]
             if not isinstance(t, torch.Tensor):
                 raise ShapeError(f"input '{s.name}' must be a torch.Tensor", term="forward")
+            if t.layout != torch.strided:  # the solvers' norms and the plans need dense storage
+                raise ShapeError(f"input '{s.name}' is a {t.layout} tensor; the layer takes "
+                                 "dense (strided) inputs", term="forward",
+                                 hint=f"pass {s.name}.to_dense()")
             if tuple(t.shape[1:]) != s.shape and not (t.ndim == 2 and t.shape[1] == s.size):
                 raise ShapeError(
                     f"input '{s.name}' has shape {tuple(t.shape)}, expected (B, *{s.shape})",
@@ -472,6 +477,7 @@ class EquilibriumModule(nn.Module):
         out_dtype = self._dtype_from(weights)
         env = None
         if not steps and z0 is None and type(x) is torch.Tensor and x.dtype == out_dtype \
+                and x.layout == torch.strided \
                 and x.ndim == 2 and x.shape[0] and x.shape[1] == self._express_width() \
                 and out_dtype not in HALF and torch.autograd.forward_ad._current_level < 0 \
                 and not compiled_steps_set():
