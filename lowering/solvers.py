@@ -1148,6 +1148,9 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
 AUTO_ANDERSON_STATE = 256
 AUTO_PLAIN_BUDGET = 60
 AUTO_WINDOW = 4
+#: a prediction of at most this many further plain iterations is tested again only
+#: ``AUTO_WINDOW`` past its end (not after half of it): see :class:`_AutoWatch`
+AUTO_TAIL = 16
 
 
 @register_solver("auto")
@@ -1158,10 +1161,10 @@ def auto(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: int 
     states with ``N ≥ AUTO_ANDERSON_STATE``; below that, plain iteration, continued by Anderson
     (from the current iterate, same statistics) once the worst residual's rate since the last
     test predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further plain iterations
-    (tested ``AUTO_WINDOW`` iterations after the first, then ``AUTO_WINDOW`` past the end the
-    last test predicted: :class:`_AutoWatch`).  The choice depends on the residuals only
-    (deterministic); ``stats.solver`` says what ran (``"plain"``, ``"anderson"``,
-    ``"plain→anderson"``)."""
+    (tested ``AUTO_WINDOW`` iterations after the first, then after half the iterations the
+    last test predicted, or past their end when few: :class:`_AutoWatch`).  The choice depends
+    on the residuals only (deterministic); ``stats.solver`` says what ran (``"plain"``,
+    ``"anderson"``, ``"plain→anderson"``)."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
     if z0.shape[-1] >= AUTO_ANDERSON_STATE:
@@ -1182,10 +1185,11 @@ class _AutoWatch:
     """``auto``'s switch test, asked by :func:`_plain_phase` after ``k`` evaluations once
     ``k ≥ next``: the worst residual's rate since the last test (``AUTO_WINDOW`` iterations
     after the first) predicts the further plain iterations; more than ``min(AUTO_PLAIN_BUDGET,
-    left / 2)`` switches to Anderson (True).  Otherwise the next test comes ``AUTO_WINDOW``
-    iterations past the predicted end: a solve that ends as predicted is not asked again, and
-    one that slows down is caught there, after at most ``AUTO_PLAIN_BUDGET`` plain iterations
-    (each test costs as much as an iteration of a small state, cold)."""
+    left / 2)`` switches to Anderson (True).  Otherwise the next test comes after half the
+    predicted iterations, at least ``AUTO_WINDOW`` later: a rate that slows down is caught
+    within half of what it had predicted.  A prediction of at most ``AUTO_TAIL`` iterations is
+    tested again only ``AUTO_WINDOW`` past its end: a solve that ends as predicted is not asked
+    again (each test costs as much as an iteration of a small state, cold)."""
 
     __slots__ = ("k", "max_iter", "next", "then", "tol", "tr")
 
@@ -1215,11 +1219,14 @@ class _AutoWatch:
                 need = math.log(self.tol / top) / math.log(rate)
             if need > min(AUTO_PLAIN_BUDGET, (self.max_iter - k) / 2):
                 return True
-            # tested again AUTO_WINDOW past the predicted end: a solve that ends as predicted
-            # asks no more (each test costs about as much as an iteration of a small state,
-            # cold); one that slows down is caught there, after at most the predicted
-            # (≤ AUTO_PLAIN_BUDGET) plain iterations, which cost ~1/5 of Anderson's each
-            step = int(need) + AUTO_WINDOW
+            # half the predicted iterations, at least AUTO_WINDOW later (a rate that slows down
+            # is caught within half of what it had predicted); a prediction of at most
+            # AUTO_TAIL more is tested again only AUTO_WINDOW past its end: a solve that ends as
+            # predicted asks no more (each test costs about as much as an iteration of a small
+            # state, cold), and one that slows down there loses at most AUTO_TAIL + AUTO_WINDOW
+            # plain iterations
+            step = int(need) + AUTO_WINDOW if need <= AUTO_TAIL else \
+                max(AUTO_WINDOW, int(need) // 2)
         self.next, self.then, self.k = k + step, top, k
         return False
 
