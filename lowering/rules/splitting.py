@@ -38,6 +38,14 @@ from .common import no_prox
 
 
 # ----------------------------------------------------------------------------- step sizes
+def _value(t: torch.Tensor) -> torch.Tensor:
+    """The plain values of ``t`` under ``torch.func`` grad wrappers, detached (call it with
+    functorch disabled)."""
+    while torch._C._functorch.is_gradtrackingtensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t.detach()
+
+
 def _env_key(syms: list[Any], env: Env | None) -> tuple | None:
     """A key of the weights' current values (None: do not cache — autograd is recording)."""
     if torch.is_grad_enabled():
@@ -66,9 +74,15 @@ class _PerWeights:
         key = _env_key(self._syms, env)
         if key is not None and key == self._key:
             return self._val
-        e64 = None if env is None else {k: v.detach().to(torch.float64).cpu()
-                                         for k, v in env.items()}
-        self._val = self._compute(e64)
+        # ``(m, L)`` and the steps are numbers of the current weights, never differentiated
+        # (the equilibrium does not depend on them): computed on the plain values with
+        # ``torch.func`` off, as inside a transform every tensor made (the float64 copies, the
+        # probes of ``M``) is a wrapper without storage, which ``.numpy()`` cannot read — the
+        # implicit backward's second-order path evaluates ``T`` inside ``torch.func.vjp``
+        with torch._C._DisableFuncTorch():
+            e64 = None if env is None else {k: _value(v).to(torch.float64).cpu()
+                                             for k, v in env.items()}
+            self._val = self._compute(e64)
         self._key = key
         return self._val
 
