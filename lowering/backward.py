@@ -7,6 +7,7 @@ the strategy's gradient (``docs/theory.md`` §8):
   point ``g = Jᵀ g + ∂L/∂z*`` (``J = ∂T/∂z`` at ``z*``), as a ``torch.autograd.Function``
   whose backward is itself differentiable: second-order gradients (``create_graph=True``)
   differentiate the adjoint system implicitly (``h = J h + u``) — ``gradgradcheck`` passes;
+  a third derivative raises :class:`~convex_eq.errors.OptionError` when it is taken;
 * ``phantom`` — the gradient of the last ``k`` (damped) applications of ``T`` from ``z*``;
   first order only: ``create_graph=True`` raises :class:`~convex_eq.errors.OptionError`;
 * ``unroll`` — ordinary autograd through ``K`` iterations from ``z0`` (any order).
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 
@@ -408,11 +408,24 @@ class _AdjointSolve(torch.autograd.Function):
         return g
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, u: torch.Tensor) -> Any:
         z, g, *tensors = ctx.saved_tensors
+        deps = [t for t in (u, z, g, *tensors) if t.requires_grad]
+        if torch.is_grad_enabled() and deps:  # a third-order graph is being recorded
+            with torch.no_grad():
+                out = _AdjointSolve._second_order(ctx, u, z, g, tensors)
+            # once_differentiable would connect its outputs to ``u`` only: their dependence on
+            # (z, g, θ) would be dropped, and a third derivative would come out silently wrong
+            return tuple(o if o is None else _ThirdOrderRefused.apply(o, *deps) for o in out)
+        return _AdjointSolve._second_order(ctx, u, z, g, tensors)
+
+    @staticmethod
+    def _second_order(ctx: Any, u: torch.Tensor, z: torch.Tensor, g: torch.Tensor,
+                      tensors: list[torch.Tensor]) -> tuple:
+        """``(h, ∂/∂z, None, ∂/∂θ…)`` of :meth:`backward`, without a graph."""
         problem: FixedPointProblem = ctx.problem
         needs = list(ctx.needs_input_grad[3:])
+        u = u.detach()
         with torch.enable_grad():
             zz, ts, fz = problem.with_grad(z, tensors, needs)
             y = torch.zeros_like(fz, requires_grad=True)
@@ -428,6 +441,23 @@ class _AdjointSolve(torch.autograd.Function):
             grads = torch.autograd.grad(s, want, allow_unused=True)
         gz, rest = grads[0], iter(grads[1:])
         return (h, gz, None, *[next(rest) if n else None for n in needs])
+
+
+class _ThirdOrderRefused(torch.autograd.Function):
+    """Identity on ``out`` whose backward (a third derivative through the implicit backward)
+    refuses with a typed error; ``deps`` connect it to what ``out`` depends on."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, *deps: torch.Tensor) -> torch.Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise OptionError(
+            "third- and higher-order gradients through backward='implicit' are not supported: "
+            "its second-order (tangent) solve is differentiable once", term="backward",
+            hint="use backward='unroll' for third-order gradients (autograd through its "
+            "iterations, any order)")
 
 
 class ImplicitBackward:

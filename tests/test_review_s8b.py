@@ -165,3 +165,57 @@ def test_mon_unroll_under_torch_func_grad(splitting: str) -> None:
     (ref,) = torch.autograd.grad((m(xs) ** 2).sum(), xs)
     assert float(ref.abs().max()) > 1e-3
     assert torch.allclose(g, ref, rtol=1e-12, atol=0.0)
+
+
+# ---------------------------------------------------------------------------- third order
+# The implicit backward's second-order (tangent) solve was ``@once_differentiable``, which ties
+# its outputs only to the incoming gradient: their dependence on (z*, g, θ) was dropped and a
+# third derivative came out silently wrong (this MON layer: 1558.5 against 4657.6 by central
+# differences; the dense OptEq layer of test_training: -0.281 against -0.504).  It is now a
+# typed refusal at the third backward; backward="unroll" gives third derivatives.
+def _third(m: torch.nn.Module, x0: torch.Tensor, d: torch.Tensor) -> tuple[float, float]:
+    """``∇³ℓ[d, d, ·]·d`` by autograd and by central differences of the second-order autograd
+    ``∇_x ||∇_x ℓ||²`` (h = 1e-5), ``ℓ = Σ z*(x)³``."""
+
+    def second(x0: torch.Tensor, create_graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x0.clone().requires_grad_()
+        (g,) = torch.autograd.grad((m(x) ** 3).sum(), x, create_graph=True)
+        (h,) = torch.autograd.grad((g ** 2).sum(), x, create_graph=create_graph)
+        return x, h
+
+    x, h = second(x0, True)
+    (t,) = torch.autograd.grad((h * d).sum(), x)
+    e = 1e-5
+    fd = ((second(x0 + e * d, False)[1] - second(x0 - e * d, False)[1]) * d).sum() / (2 * e)
+    return float((t * d).sum()), float(fd)
+
+
+def test_third_order_through_implicit_is_a_typed_refusal() -> None:
+    m = lower(models.mon(n=4, d=2, seed=1)).torch_module(**TIGHT)
+    x0 = torch.randn(2, 2, dtype=T64, generator=_gen(0))
+    with pytest.raises(OptionError, match="third- and higher-order") as err:
+        _third(m, x0, torch.randn(2, 2, dtype=T64, generator=_gen(1)))
+    assert "backward='unroll'" in err.value.hint and "'implicit'" not in err.value.hint
+    # create_graph=True in the second backward without a third one still gives the exact
+    # second order (the refusal is lazy): the second derivative without it, up to the order of
+    # floating-point accumulation in the recorded backward (measured 9e-14 relative; float64
+    # solves at 1e-13 bound any solver-path difference to ~1e-12, so 1e-9 holds on any BLAS)
+    outs = []
+    for cg in (False, True):
+        x = x0.clone().requires_grad_()
+        (g,) = torch.autograd.grad((m(x) ** 3).sum(), x, create_graph=True)
+        outs.append(torch.autograd.grad((g ** 2).sum(), x, create_graph=cg)[0].detach())
+    assert float(outs[0].abs().max()) > 1.0
+    assert float((outs[0] - outs[1]).abs().max()) <= 1e-9 * float(outs[0].abs().max())
+
+
+def test_third_order_through_unroll_matches_finite_differences() -> None:
+    """What the refusal points to.  PR contracts fast on this layer: 300 unrolled steps reach
+    the equilibrium to rounding; measured agreement 3e-11 relative (h² truncation plus
+    1e-16/h² rounding of the second-order values), 1e-6 leaves four orders on any BLAS."""
+    m = lower(models.mon(n=4, d=2, seed=1, splitting="peaceman-rachford")).torch_module(
+        dtype=T64, backward="unroll", unroll_steps=300)
+    x0 = torch.randn(2, 2, dtype=T64, generator=_gen(0))
+    ad, fd = _third(m, x0, torch.randn(2, 2, dtype=T64, generator=_gen(1)))
+    assert abs(fd) > 1.0
+    assert abs(ad - fd) <= 1e-6 * abs(fd)
