@@ -333,9 +333,9 @@ class EquilibriumModule(nn.Module):
 
     def _inputs(self, x: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         syms = self.input_syms
-        if isinstance(x, torch.Tensor) and len(syms) == 1 and x.ndim == 2 \
-                and x.shape[1] == syms[0].size and x.layout == torch.strided:
-            # the common call: one flat (B, size) dense input
+        if isinstance(x, torch.Tensor) and len(syms) == 1 and x.layout == torch.strided \
+                and not x.is_nested and x.ndim == 2 and x.shape[1] == syms[0].size:
+            # the common call: one flat (B, size) dense input (a nested tensor has no .shape)
             dtype = self.dtype if dtype is None else dtype
             return {syms[0].name: x if x.dtype == dtype else x.to(dtype)}
         if x is None or (isinstance(x, dict) and not x):
@@ -358,6 +358,10 @@ class EquilibriumModule(nn.Module):
             t = given[s.name]
             if not isinstance(t, torch.Tensor):
                 raise ShapeError(f"input '{s.name}' must be a torch.Tensor", term="forward")
+            if t.is_nested:  # (its .shape fails untyped in the strided layout)
+                raise ShapeError(f"input '{s.name}' is a nested tensor; the layer takes one "
+                                 "dense tensor batched along dim 0", term="forward",
+                                 hint=f"stack the samples: torch.stack({s.name}.unbind())")
             if t.layout != torch.strided:  # the solvers' norms and the plans need dense storage
                 raise ShapeError(f"input '{s.name}' is a {t.layout} tensor; the layer takes "
                                  "dense (strided) inputs", term="forward",
@@ -477,7 +481,7 @@ class EquilibriumModule(nn.Module):
         out_dtype = self._dtype_from(weights)
         env = None
         if not steps and z0 is None and type(x) is torch.Tensor and x.dtype == out_dtype \
-                and x.layout == torch.strided \
+                and x.layout == torch.strided and not x.is_nested \
                 and x.ndim == 2 and x.shape[0] and x.shape[1] == self._express_width() \
                 and out_dtype not in HALF and torch.autograd.forward_ad._current_level < 0 \
                 and not compiled_steps_set():

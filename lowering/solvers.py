@@ -1189,13 +1189,17 @@ class _AutoWatch:
     predicted iterations, at least ``AUTO_WINDOW`` later: a rate that slows down is caught
     within half of what it had predicted.  A prediction of at most ``AUTO_TAIL`` iterations is
     tested again only ``AUTO_WINDOW`` past its end: a solve that ends as predicted is not asked
-    again (each test costs as much as an iteration of a small state, cold)."""
+    again (each test costs as much as an iteration of a small state, cold).  When that test
+    finds more than ``AUTO_TAIL`` still to go, the rate slowed down inside its long span, whose
+    average includes the faster start: the next test measures it over ``AUTO_WINDOW``
+    iterations again."""
 
-    __slots__ = ("k", "max_iter", "next", "then", "tol", "tr")
+    __slots__ = ("k", "max_iter", "next", "tail", "then", "tol", "tr")
 
     def __init__(self, tr: Tracker, tol: float, max_iter: int):
         self.tr, self.tol, self.max_iter = tr, tol, max_iter
         self.next, self.then, self.k = 1, math.nan, 0
+        self.tail = False  # the last test predicted a short tail (≤ AUTO_TAIL)
 
     def __call__(self, k: int) -> bool:
         if k < self.next:
@@ -1224,9 +1228,14 @@ class _AutoWatch:
             # AUTO_TAIL more is tested again only AUTO_WINDOW past its end: a solve that ends as
             # predicted asks no more (each test costs about as much as an iteration of a small
             # state, cold), and one that slows down there loses at most AUTO_TAIL + AUTO_WINDOW
-            # plain iterations
-            step = int(need) + AUTO_WINDOW if need <= AUTO_TAIL else \
-                max(AUTO_WINDOW, int(need) // 2)
+            # plain iterations; when such a test finds a long way still to go, the rate slowed
+            # down within its span, and the average over that span (the faster start included)
+            # underestimates what is left: the next test measures the rate over AUTO_WINDOW
+            # (without it a tanh layer's adjoint solve ran 67 plain iterations instead of
+            # switching after 29: tests/test_review_s8c.py)
+            was_tail, self.tail = self.tail, need <= AUTO_TAIL
+            step = int(need) + AUTO_WINDOW if self.tail else \
+                AUTO_WINDOW if was_tail else max(AUTO_WINDOW, int(need) // 2)
         self.next, self.then, self.k = k + step, top, k
         return False
 
