@@ -37,18 +37,7 @@ def _gen(seed: int) -> torch.Generator:
 
 def _with_weight(m: torch.nn.Module, x: torch.Tensor, name: str, w: torch.Tensor) -> torch.Tensor:
     """The module with weight ``name`` replaced by the (differentiable) tensor ``w``."""
-    orig = m.env
-
-    def env() -> dict[str, torch.Tensor]:
-        e = orig()
-        e[name] = w
-        return e
-
-    m.env = env
-    try:
-        return m(x)
-    finally:
-        del m.env
+    return torch.func.functional_call(m, {f"weights.{name}": w}, (x,))
 
 
 def _first(out: object) -> torch.Tensor:
