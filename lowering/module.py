@@ -49,7 +49,14 @@ from .solvers import (
     get_solver,
     grad_off,
 )
-from .weight_control import WeightControl, controlled_conditions
+from .weight_control import (
+    ConditionStatus,
+    UncontrolledConditionWarning,
+    WeightControl,
+    certificate_conditions,
+    controlled_conditions,
+    kept_by,
+)
 
 if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module())
     from .derived import DerivedLayer
@@ -137,6 +144,20 @@ class EquilibriumModule(nn.Module):
             if mode is not None else None
         if self.weight_control is not None and wc.mode == "auto":
             self.weight_control.calibrate(self._raw_env())
+        # conditions that no weight control could keep (a norm bound of one weight could be:
+        # switched off, that is the user's choice, which a failing solve's hint names)
+        controllable = [op for op, _, _ in controlled_conditions(derived, trainable)]
+        loose = [c.text for c in certificate_conditions(derived)
+                 if kept_by(c, self.weight_control, self._trained_names()) == "not kept"
+                 and all(getattr(c, "op", None) is not op for op in controllable)]
+        if loose:
+            warnings.warn(
+                f"the certificate's condition{'s' if len(loose) > 1 else ''} "
+                f"{'; '.join(loose)} read{'' if len(loose) > 1 else 's'} trained tensors and "
+                "weight control cannot keep it (it keeps norm bounds ||op||₂ ≤ b of one "
+                "weight each): training may leave it false, and the layer's equilibrium then "
+                "is no longer a certified minimizer. Evaluate it at the trained weights with "
+                "module.certificate_status()", UncontrolledConditionWarning, stacklevel=3)
         self._checked: dict[str, tuple[int, int]] = {}
         #: False once the node tree has been found to have no plan (lowering/plan.py)
         self._plannable = True
@@ -322,6 +343,26 @@ class EquilibriumModule(nn.Module):
         if self.weight_control is not None:
             env = self.weight_control(self, env)
         return env
+
+    def _trained_names(self) -> list[str]:
+        """Names of the tensors training changes: the weights (and constants made learnable),
+        and the learnable scalars."""
+        return [*self.weights.keys(), *self._scalar_maps]
+
+    def certificate_status(self) -> list[ConditionStatus]:
+        """Every condition of the certificate evaluated at the current (controlled) weights:
+        its value, whether it holds, and how training keeps it (``"weight control"``,
+        ``"fixed"`` or ``"not kept"``; docs/guide.md, weight control).  Empty for a layer whose
+        objective is convex without conditions."""
+        out = []
+        with torch.no_grad():
+            env = {k: v.detach() for k, v in self.env().items()}
+            trained = self._trained_names()
+            for c in certificate_conditions(self.derived):
+                out.append(ConditionStatus(c.text, c.value(env), float(c.bound), c.sense,
+                                           bool(c.holds(env)),
+                                           kept_by(c, self.weight_control, trained)))
+        return out
 
     def weight_norms(self) -> dict[str, tuple[float, float]]:
         """``name → (upper bound of the controlled operator norm, target)`` at the current

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,10 +49,7 @@ def register_norm_bound(op_type: str) -> Callable[[NormBound], NormBound]:
 def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
     """``(operator, bound)`` pairs from ``||op||₂ ≤ bound`` conditions of the derivation."""
     conds = []
-    cert = derived.certificate
-    sources = list(cert.conditions) if cert is not None else []
-    sources += [c for c in derived.info.get("conditions", []) if all(c is not o for o in sources)]
-    for c in sources:
+    for c in certificate_conditions(derived):
         op = getattr(c, "op", None)
         if op is not None and c.sense == "<=":
             conds.append((op, c.bound))
@@ -165,6 +163,53 @@ def controlled_conditions(derived: Any, trainable: Collection[str] | None = None
 
 class WeightControlWarning(UserWarning):
     """Weight control changed weights the user declared (they violated the certificate)."""
+
+
+class UncontrolledConditionWarning(UserWarning):
+    """A condition of the certificate reads trained tensors and weight control does not keep it:
+    training may leave it false (``EquilibriumModule.certificate_status`` evaluates it)."""
+
+
+@dataclass(frozen=True)
+class ConditionStatus:
+    """One condition of the certificate at the module's current (controlled) weights:
+    ``value <sense> bound`` with its tolerance, and how training keeps it (:func:`kept_by`)."""
+
+    text: str
+    value: float
+    bound: float
+    sense: str
+    holds: bool
+    kept: str
+
+    def __str__(self) -> str:
+        state = "holds" if self.holds else "VIOLATED"
+        return f"{self.text}: now {self.value:.6g} ({state}; {self.kept})"
+
+
+def certificate_conditions(derived: Any) -> list[Any]:
+    """Every condition of the derivation: the certificate's, then the per-layer conditions of a
+    composition (``derived.info["conditions"]``) that are not among them."""
+    cert = derived.certificate
+    out = list(cert.conditions) if cert is not None else []
+    out += [c for c in derived.info.get("conditions", []) if all(c is not o for o in out)]
+    return out
+
+
+def kept_by(condition: Any, control: WeightControl | None,
+            trainable: Collection[str]) -> str:
+    """How a condition is kept during training: ``"weight control"`` (a controlled norm
+    bound), ``"fixed"`` (its operator reads no trained tensor), or ``"not kept"`` (it reads
+    trained tensors, or its measure is a function whose tensors are not known, e.g.
+    ``λ_min(Q) ≥ 0``)."""
+    op = getattr(condition, "op", None)
+    if op is not None:
+        if control is not None and condition.sense == "<=" \
+                and any(t[0] is op for t in control.targets):
+            return "weight control"
+        if not any(s.name in trainable for s in op.symbols()):
+            return "fixed"
+    return "not kept" if trainable else "fixed"
 
 
 class WeightControl:

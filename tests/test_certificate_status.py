@@ -1,0 +1,81 @@
+"""The certificate's conditions during training: ``EquilibriumModule.certificate_status()``
+evaluates every condition at the current (controlled) weights and says how training keeps it;
+a condition that no weight control can keep (here ``λ_min(Q) ≥ 0`` over two trained weights) is
+named by an :class:`~lowering.weight_control.UncontrolledConditionWarning` when the module is
+built, so that a certificate made false by training is never silent."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import lowering
+from benchmarks.common import qp_objective, qp_weight
+from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight
+from lowering.weight_control import UncontrolledConditionWarning
+
+
+def _two_gram_layer() -> lowering.DerivedLayer:
+    """``Σf_relu(z) + ½||z||² − <q, z> − ½||W₁z||² − ½||W₂z||²``: convex iff
+    ``λ_min(I − W₁ᵀW₁ − W₂ᵀW₂) ≥ 0``, a condition on two weights together."""
+    rng = np.random.default_rng(0)
+    z, q = State("z", 6), Input("q", 6)
+    w1 = Weight("W1", (6, 6), 0.12 * rng.standard_normal((6, 6)))
+    w2 = Weight("W2", (6, 6), 0.12 * rng.standard_normal((6, 6)))
+    return lowering.lower(Objective([Potential("relu", z), SqNorm(z), -Linear(q, z),
+                                     -SqNorm(w1 @ z), -SqNorm(w2 @ z)]))
+
+
+def _lambda_min(mod: torch.nn.Module) -> float:
+    """The independent reference: numpy's eigenvalues of ``I − W₁ᵀW₁ − W₂ᵀW₂`` (float64)."""
+    w1 = mod.weights["W1"].detach().double().numpy()
+    w2 = mod.weights["W2"].detach().double().numpy()
+    return float(np.linalg.eigvalsh(np.eye(6) - w1.T @ w1 - w2.T @ w2).min())
+
+
+def test_a_condition_no_control_can_keep_is_named_and_evaluated() -> None:
+    """Built: one warning naming λ_min(Q); the status reads the reference value (holds), then,
+    after a training-like change that makes Q indefinite, the new value (violated)."""
+    with pytest.warns(UncontrolledConditionWarning, match=r"λ_min\(Q\) ≥ 0.*certificate_status"):
+        mod = _two_gram_layer().torch_module(dtype=torch.float64)
+    (st,) = mod.certificate_status()
+    # λ_min of a 6×6 symmetric matrix: LAPACK's eigensolvers agree to ~1e-15 on it; 1e-9 is
+    # the conditions' own tolerance, far above that
+    assert st.kept == "not kept" and st.holds and st.value > 0
+    assert abs(st.value - _lambda_min(mod)) < 1e-9
+    with torch.no_grad():
+        mod.weights["W1"].mul_(4.0)
+    (st,) = mod.certificate_status()
+    assert not st.holds and st.value < 0 and abs(st.value - _lambda_min(mod)) < 1e-9
+    assert "VIOLATED" in str(st)
+
+
+def test_a_kept_norm_bound_is_not_warned_about() -> None:
+    """The canonical layer's ||W||₂ ≤ 1 is kept by weight control: no warning, status says so
+    (value: σ_max of the controlled W, against numpy's SVD); with weight control off, it reads
+    "not kept" but is not warned about (the user's choice; a failing solve's hint names it)."""
+    layer = lowering.lower(qp_objective(qp_weight(8, norm=0.9, seed=0)))
+    for wc, kept in (("auto", "weight control"), (None, "not kept")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UncontrolledConditionWarning)
+            mod = layer.torch_module(dtype=torch.float64, weight_control=wc)
+        (st,) = mod.certificate_status()
+        w = mod.env()["W"].detach().numpy()
+        # the condition's measure of ||W||₂ against LAPACK's SVD, float64: both accurate to
+        # ~1e-12 on this 8×64 matrix with a clear spectral gap; 1e-6 leaves room
+        assert st.kept == kept and st.holds
+        assert abs(st.value - float(np.linalg.svd(w, compute_uv=False)[0])) < 1e-6
+
+
+def test_the_status_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A status that always read "holds" (e.g. one evaluated at the declared weights instead of
+    the current ones) fails the first test."""
+    status = lowering.module.EquilibriumModule.certificate_status
+    monkeypatch.setattr(lowering.module.EquilibriumModule, "certificate_status",
+                        lambda self: [type(s)(s.text, s.value, s.bound, s.sense, True, s.kept)
+                                      for s in status(self)])
+    with pytest.raises(AssertionError):
+        test_a_condition_no_control_can_keep_is_named_and_evaluated()
