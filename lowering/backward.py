@@ -140,6 +140,8 @@ def _report(stats: SolverStats, cfg: AdjointConfig, what: str) -> None:
     msg = (f"{what} did not reach relative residual {cfg.tol:g} in {cfg.max_iter} iterations "
            f"of {cfg.solver} for {len(idx)}/{stats.converged.numel()} samples (indices "
            f"{shown}; worst {stats.max_residual:.3e})")
+    if cfg.on_fail == "mask":
+        msg += "; they are left out of the gradient (on_nonconvergence='mask')"
     if cfg.on_fail == "raise":
         raise ConvergenceError(msg, term="backward",
                                hint="raise backward_max_iter / backward_tol, or pass "
@@ -164,6 +166,12 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
     if sink is not None:
         sink(st)
     _report(st, cfg, what)
+    if cfg.on_fail == "mask" and not (st.all_converged or bool(st.converged.all())):
+        # as the forward's failed samples, those whose adjoint did not converge leave the
+        # backward: their rows are zero (mask mode needs samples that do not interact), so an
+        # unconverged (or NaN) row never enters the weights' gradient
+        keep = st.converged.reshape(-1, *([1] * (y.ndim - 1)))
+        y = torch.where(keep, y, torch.zeros((), dtype=y.dtype, device=y.device))
     return y
 
 

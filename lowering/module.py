@@ -8,7 +8,8 @@ See ``docs/guide.md`` (training the emitted module) and ``docs/theory.md`` §8.
 Guarantees: a sample is reported converged only if the returned iterate meets the tolerance
 (scaled residuals, any dtype); non-convergence and NaN/Inf are never silent (``raise``: a typed
 error naming the sample indices; ``warn``: a warning naming them; ``mask``: those samples'
-outputs are NaN and excluded from the backward); with weight control on (the default whenever
+outputs are NaN and excluded from the backward, and a sample whose adjoint solve fails is left
+out of the gradient, with a warning naming it); with weight control on (the default whenever
 the certificate has a norm condition) the certified norm never exceeds its bound.
 """
 

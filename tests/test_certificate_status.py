@@ -79,3 +79,50 @@ def test_the_status_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
                                       for s in status(self)])
     with pytest.raises(AssertionError):
         test_a_condition_no_control_can_keep_is_named_and_evaluated()
+
+
+# ------------------------------------------------------- mask mode: an unconverged adjoint
+def _mask_case() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The QP layer in mask mode with an adjoint capped at 20 plain iterations: inputs shifted
+    down leave few ReLUs on, and the adjoint (a contraction on the active units only) converges
+    in 1–17 iterations (samples 1–5: 13, 0, 2, 0, 0 units on); samples 0, 6, 7 (28, 45, 49 on)
+    need 30, 34 and 57 and fail (float64, tol 1e-10: each count is several factors of the rate
+    away from the cap, whatever the BLAS)."""
+    layer = lowering.lower(qp_objective(qp_weight(16, norm=0.9, seed=0)))
+    mod = layer.torch_module(dtype=torch.float64, weight_control=None, tol=1e-12, max_iter=500,
+                             backward_tol=1e-10, backward_max_iter=20, backward_solver="plain",
+                             backward_adjoint="iterative", on_nonconvergence="mask")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, dtype=torch.float64, generator=g)
+    x = x + torch.tensor([0, -1, -1.5, -2, -2.5, -3, 0.5, 1.0], dtype=torch.float64)[:, None]
+    c = torch.randn(8, 64, dtype=torch.float64, generator=g)
+    return mod, x, c
+
+
+def test_mask_leaves_an_unconverged_adjoint_out_of_the_gradient() -> None:
+    """Under on_nonconvergence='mask' the samples whose adjoint solve failed are named in a
+    warning and left out of the gradient, as the forward's failed samples are: their input
+    gradient rows are zero and the weights' gradient equals that of the converged samples
+    alone (the reference: the same module on that subset, where every adjoint converges).
+    Before, they only warned, and their unconverged rows entered the weights' gradient."""
+    mod, x, c = _mask_case()
+    xx = x.clone().requires_grad_()
+    with pytest.warns(UserWarning, match=r"indices 0, 6, 7.*left out of the gradient"):
+        (mod(xx) * c).sum().backward()
+    ok = mod.last_backward_stats.converged
+    assert ok.tolist() == [False, True, True, True, True, True, False, False]
+    assert float(xx.grad[~ok].abs().max()) == 0.0
+    w_grad = mod.weights["W"].grad.clone()
+    assert float(w_grad.abs().max()) > 0.0  # (the converged samples have units on)
+    mod.zero_grad()
+    sub = x[ok].clone().requires_grad_()
+    (mod(sub) * c[ok]).sum().backward()
+    assert bool(mod.last_backward_stats.converged.all())
+    # the converged samples' adjoints in the two runs both meet the relative residual 1e-10 of
+    # the same contraction (‖DM‖ ≤ ‖W‖₂² = 0.81), so each is within 1e-10/(1 − 0.81) ≈ 5e-10
+    # relative of the exact one (the full batch iterates them longer: its stop waits for the
+    # worst sample); 1e-8 bounds their difference on any BLAS, while the unconverged samples'
+    # rows that entered the weights' gradient before were O(1) of it
+    ref = mod.weights["W"].grad
+    assert float((w_grad - ref).abs().max()) <= 1e-8 * float(ref.abs().max())
+    assert float((xx.grad[ok] - sub.grad).abs().max()) <= 1e-8 * float(sub.grad.abs().max())
