@@ -886,6 +886,8 @@ class EquilibriumModule(nn.Module):
         if bool(ok.all()):
             return ok, True
         ok = ok.clone()
+        if bool(nonfinite.any()):
+            self._refuse_nonfinite_weights()
         if bad_in is None:
             bad_in = torch.zeros(ok.numel(), dtype=torch.bool, device=ok.device)
         keep = ~bad_in
@@ -917,6 +919,22 @@ class EquilibriumModule(nn.Module):
         warnings.warn(f"forward: {msg}; their outputs are NaN and excluded from the backward "
                       "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=3)
         return ok, False
+
+    def _refuse_nonfinite_weights(self) -> None:
+        """After NaN/Inf iterates: a weight or constant with NaN/Inf entries is named (a
+        ``NonFiniteError``, in every mode: it poisons every sample).  :meth:`env` checks them
+        once per change of a weight's version, which a write through ``.data`` does not make;
+        this check runs only when a solve has failed."""
+        tensors = {**self._weight_values(),
+                   **{n: getattr(self, f"const_{n}") for n in self._const_names}}
+        for name, t in tensors.items():
+            with torch.no_grad():
+                if not bool(torch.isfinite(t).all()):
+                    raise NonFiniteError(
+                        f"parameter '{name}' contains NaN or Inf (the solve's iterates became "
+                        "NaN/Inf); it was written without a version change of the tensor "
+                        "(e.g. through .data), so it was not caught when it was read",
+                        term=name, hint="check the optimizer step / the loaded state_dict")
 
     def _hint(self) -> str:
         """What to change — never an option that is already set."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from convex_eq.errors import OptionError
+from convex_eq.errors import NonFiniteError, OptionError
 
 MODES = ("spectral_norm", "project")
 #: largest operator (rows × columns) the generic exact bound materialises
@@ -90,6 +90,9 @@ def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
         # autograd graph of a later training call (an inference tensor cannot be saved there)
         with torch.inference_mode(False):
             M = _dense_matrix(op, env)
+            if not bool(torch.isfinite(M).all()):  # (a write through .data passed env's check)
+                raise NonFiniteError(f"parameter '{name}' contains NaN or Inf", term=name,
+                                     hint="check the optimizer step / the loaded state_dict")
             U, _, Vh = torch.linalg.svd(M, full_matrices=False)
             cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
         control.cache[name] = cached

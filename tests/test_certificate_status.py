@@ -126,3 +126,25 @@ def test_mask_leaves_an_unconverged_adjoint_out_of_the_gradient() -> None:
     ref = mod.weights["W"].grad
     assert float((w_grad - ref).abs().max()) <= 1e-8 * float(ref.abs().max())
     assert float((xx.grad[ok] - sub.grad).abs().max()) <= 1e-8 * float(sub.grad.abs().max())
+
+
+# ------------------------------------------------- a NaN weight written through ``.data``
+@pytest.mark.parametrize("weight_control", ["auto", None])
+@pytest.mark.parametrize("mode", ["raise", "mask"])
+def test_a_nan_weight_written_through_data_is_named(weight_control: str | None,
+                                                    mode: str) -> None:
+    """A write through ``.data`` makes no version change, so the finiteness check of a weight
+    (once per version) did not see it: with weight control the SVD of the NaN weight failed with
+    torch's untyped LinAlgError; without, the solve reported diverged samples (raise) or NaN
+    outputs (mask). Every mode now names the parameter."""
+    from convex_eq.errors import NonFiniteError
+
+    mod = lowering.lower(qp_objective(qp_weight(8, norm=0.9, seed=0))).torch_module(
+        dtype=torch.float64, on_nonconvergence=mode, weight_control=weight_control)
+    x = torch.randn(3, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    mod(x)  # (the weight's version is now marked as checked)
+    mod.weights["W"].data[0, 0] = float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the mask mode's own warning, if any, comes first)
+        with pytest.raises(NonFiniteError, match="parameter 'W' contains NaN or Inf"):
+            mod(x)
