@@ -145,8 +145,31 @@ def _quadratic_conditions(obj: TermSum) -> list[Condition]:
                            "moduli of the convex terms",
                            "\\lambda_{\\min}(Q) \\ge 0,\\ Q = \\nabla^2(\\text{quadratic terms}) + "
                            "\\text{strong-convexity moduli}",
-                           lambda env: quadratic_eigmin(obj, env), 0.0, ">="))
+                           lambda env: quadratic_eigmin(obj, env), 0.0, ">=",
+                           reads=_quadratic_reads(obj)))
     return conds
+
+
+def _quadratic_reads(obj: TermSum) -> tuple[str, ...]:
+    """Names of the symbols :func:`quadratic_eigmin` reads: those of the quadratic terms and
+    of the strong-convexity moduli (operators, arguments), with the terms' scalars."""
+    out: list[str] = []
+
+    def add(syms: list) -> None:
+        out.extend(s.name for s in syms if s.name not in out)
+
+    def affine(u: object) -> list:
+        return [s for e in u.entries  # type: ignore[attr-defined]
+                for s in (e.symbol, *(() if e.op is None else e.op.symbols()))]
+
+    for t in obj.terms:
+        m = t.strong_convexity()
+        if t.quad_parts(None):
+            add(t.symbols())
+        elif m is not None:
+            add([*(m.op.symbols() if m.op is not None else []),
+                 *(affine(m.arg) if m.arg is not None else []), *t.scalars])
+    return tuple(out)
 
 
 def quadratic_eigmin(obj: TermSum, env: Env | None) -> float:

@@ -152,12 +152,14 @@ class EquilibriumModule(nn.Module):
                  if kept_by(c, self.weight_control, self._trained_names()) == "not kept"
                  and all(getattr(c, "op", None) is not op for op in controllable)]
         if loose:
+            many = len(loose) > 1
+            it = "them" if many else "it"
             warnings.warn(
-                f"the certificate's condition{'s' if len(loose) > 1 else ''} "
-                f"{'; '.join(loose)} read{'' if len(loose) > 1 else 's'} trained tensors and "
-                "weight control cannot keep it (it keeps norm bounds ||op||₂ ≤ b of one "
-                "weight each): training may leave it false, and the layer's equilibrium then "
-                "is no longer a certified minimizer. Evaluate it at the trained weights with "
+                f"the certificate's condition{'s' if many else ''} {'; '.join(loose)} "
+                f"read{'' if many else 's'} trained tensors and weight control cannot keep "
+                f"{it} (it keeps norm bounds ||op||₂ ≤ b of one weight each): training may "
+                f"leave {it} false, and the layer's equilibrium then is no longer a certified "
+                f"minimizer. Evaluate {it} at the trained weights with "
                 "module.certificate_status()", UncontrolledConditionWarning, stacklevel=3)
         self._checked: dict[str, tuple[int, int]] = {}
         #: False once the node tree has been found to have no plan (lowering/plan.py)

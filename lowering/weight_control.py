@@ -201,18 +201,24 @@ def certificate_conditions(derived: Any) -> list[Any]:
 
 def kept_by(condition: Any, control: WeightControl | None,
             trainable: Collection[str]) -> str:
-    """How a condition is kept during training: ``"weight control"`` (a controlled norm
-    bound), ``"fixed"`` (its operator reads no trained tensor), or ``"not kept"`` (it reads
-    trained tensors, or its measure is a function whose tensors are not known, e.g.
-    ``λ_min(Q) ≥ 0``)."""
+    """How a condition is kept during training: ``"weight control"`` (a norm bound whose
+    operator is controlled to at most the condition's bound), ``"fixed"`` (it reads no trained
+    tensor), or ``"not kept"`` (it reads trained tensors, or its measure's tensors are not
+    known and some tensor is trained)."""
     op = getattr(condition, "op", None)
     if op is not None:
-        if control is not None and condition.sense == "<=" \
-                and any(t[0] is op for t in control.targets):
+        # a target above the bound (weight_bounds={'W': 2.0} for ||W||₂ ≤ 1) keeps nothing;
+        # 1e-9: the round-off calibrate() allows a declared weight exactly at its bound
+        if control is not None and condition.sense == "<=" and any(
+                t[0] is op and t[2] <= condition.bound * (1 + 1e-9) + condition.tol
+                for t in control.targets):
             return "weight control"
-        if not any(s.name in trainable for s in op.symbols()):
-            return "fixed"
-    return "not kept" if trainable else "fixed"
+        reads = [s.name for s in op.symbols()]
+    else:
+        reads = getattr(condition, "reads", None)
+    if reads is None:
+        return "not kept" if trainable else "fixed"
+    return "not kept" if any(n in trainable for n in reads) else "fixed"
 
 
 class WeightControl:

@@ -33,6 +33,8 @@ class Condition:
     sense: str = "<="
     tol: float = 1e-9
     op: Any = None  # the operator whose norm is measured, if any (used by weight control)
+    #: names of the symbols ``measure`` reads when ``op`` is None (None: not known)
+    reads: tuple[str, ...] | None = None
 
     def value(self, env: Env | None = None) -> float:
         """The measured quantity ``measure(env)`` that the condition compares with ``bound``."""

@@ -163,7 +163,8 @@ class QuadraticForm(Term):
             return float(np.linalg.eigvalsh(self._mat(env).detach().cpu().numpy()).min())
 
         cond = Condition(f"λ_min({self.Q.name}) ≥ 0",
-                         f"\\lambda_{{\\min}}({self.Q.latex()}) \\ge 0", eigmin, 0.0, ">=")
+                         f"\\lambda_{{\\min}}({self.Q.latex()}) \\ge 0", eigmin, 0.0, ">=",
+                         reads=(self.Q.name,))
         return Curvature("convex", [cond])
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:

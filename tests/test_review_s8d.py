@@ -1,0 +1,91 @@
+"""Review of ``certificate_status()`` / :class:`UncontrolledConditionWarning` (s8d).
+
+What was wrong:
+
+* a ``λ_min(Q) ≥ 0`` condition (no operator) was labelled ``"not kept"`` and warned about as
+  soon as *any* tensor of the layer trained, even when ``Q`` reads constants only (a trained
+  input weight ``U`` elsewhere made it a false alarm, and a wrong label: the condition is fixed);
+* a norm condition ``||W||₂ ≤ 1`` with ``weight_bounds={'W': 2.0}`` was labelled
+  ``"weight control"``: the control keeps ``||W||₂ ≤ 2 − margin``, which does not keep the
+  condition;
+* the warning for several conditions said "cannot keep it … leave it false"."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import lowering
+from convex_eq import Constant, Input, Linear, Objective, Potential, SqNorm, State, Weight
+from lowering.weight_control import UncontrolledConditionWarning
+
+
+def _constant_gram_layer() -> lowering.DerivedLayer:
+    """``Σf_relu(z) + ½||z||² − <Ux, z> − ½||C₁z||² − ½||C₂z||²``: ``λ_min(I − C₁ᵀC₁ − C₂ᵀC₂)``
+    reads the constants only; ``U`` (trained) enters no condition."""
+    rng = np.random.default_rng(0)
+    z, x = State("z", 6), Input("x", 4)
+    u = Weight("U", (6, 4), rng.standard_normal((6, 4)))
+    c1 = Constant("C1", 0.12 * rng.standard_normal((6, 6)))
+    c2 = Constant("C2", 0.12 * rng.standard_normal((6, 6)))
+    return lowering.lower(Objective([Potential("relu", z), SqNorm(z), -Linear(u @ x, z),
+                                     -SqNorm(c1 @ z), -SqNorm(c2 @ z)]))
+
+
+def _built(layer: lowering.DerivedLayer, **options: object) -> tuple[torch.nn.Module, list]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = layer.torch_module(dtype=torch.float64, **options)
+    return mod, [w for w in caught if issubclass(w.category, UncontrolledConditionWarning)]
+
+
+def test_a_condition_on_constants_alone_is_fixed_and_not_warned() -> None:
+    """``Q`` of constants: "fixed", no warning; made learnable: "not kept", one warning."""
+    layer = _constant_gram_layer()
+    mod, caught = _built(layer)
+    (st,) = mod.certificate_status()
+    env = mod.env()
+    c1, c2 = (env[n].detach().numpy() for n in ("C1", "C2"))
+    ref = float(np.linalg.eigvalsh(np.eye(6) - c1.T @ c1 - c2.T @ c2).min())
+    # λ_min of a 6×6 symmetric float64 matrix: LAPACK builds agree to ~1e-15; 1e-9 is the
+    # conditions' own tolerance, far above that
+    assert abs(st.value - ref) < 1e-9
+    assert st.kept == "fixed" and not caught
+    mod, caught = _built(layer, learnable_constants=True)
+    (st,) = mod.certificate_status()
+    assert st.kept == "not kept" and len(caught) == 1
+
+
+def test_a_looser_weight_bound_does_not_keep_the_condition() -> None:
+    """``||W||₂ ≤ 1`` kept by ``weight_bounds={'W': 0.5}``, not by ``{'W': 2.0}``."""
+    rng = np.random.default_rng(1)
+    z, x = State("z", 6), Input("x", 4)
+    u = Weight("U", (6, 4), rng.standard_normal((6, 4)))
+    w = Weight("W", (6, 6), 0.12 * rng.standard_normal((6, 6)))
+    layer = lowering.lower(Objective([Potential("relu", z), SqNorm(z), -Linear(u @ x, z),
+                                      -SqNorm(w @ z)]))
+    for bound, kept in ((0.5, "weight control"), (2.0, "not kept")):
+        mod, _ = _built(layer, weight_bounds={"W": bound})
+        (st,) = mod.certificate_status()
+        assert st.kept == kept, bound
+
+
+def test_several_conditions_are_named_in_the_plural(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two loose conditions: "read … cannot keep them … leave them false", never "it"."""
+    import lowering.module as module
+    from lowering.weight_control import certificate_conditions
+
+    def twice(derived: object) -> list:
+        (c,) = certificate_conditions(derived)
+        return [c, dataclasses.replace(c, text="λ_min(Q') ≥ 0")]
+
+    monkeypatch.setattr(module, "certificate_conditions", twice)
+    _, caught = _built(_constant_gram_layer(), learnable_constants=True)
+    (w,) = caught
+    msg = str(w.message)
+    assert "conditions" in msg and " read trained" in msg and "keep them" in msg
+    assert " it " not in msg.replace("(it keeps", "")
