@@ -65,7 +65,8 @@ class MonotonicityCertificate:
     for_every_weight: bool
     why: str
     weights: tuple[str, ...] = ()
-    #: norm conditions for weight control: none — the guarantee needs no weight control
+    #: a margin measured at the weights (not for every weight): ``λ_min(½(M + Mᵀ)) > 0``,
+    #: which training can make false (no weight control keeps it)
     conditions: list[Condition] = field(default_factory=list)
 
     @property
@@ -299,8 +300,16 @@ class Inclusion:
         names += tuple(s.name for t in self.h_terms if t.quad_parts(None)
                        for s in t.symbols() if s.kind == "weight" and s.name not in names
                        and _identity_coef(t, self.z) is None)
+        conds = []
+        if not mo.for_every_weight:  # measured: training the weights can make it false
+            reads = [s.name for op in self.linear for s in op.symbols()]
+            reads += [s.name for t in self.h_terms if t.quad_parts(None) for s in t.symbols()]
+            conds.append(Condition("λ_min(½(M + Mᵀ)) > 0",
+                                   "\\lambda_{\\min}(\\tfrac12(M + M^\\top)) > 0",
+                                   lambda e: self.margin(e).value, 0.0, ">", tol=0.0,
+                                   reads=tuple(dict.fromkeys(reads))))
         return MonotonicityCertificate(mo.value, self.lipschitz(env), mo.for_every_weight,
-                                       mo.why, tuple(dict.fromkeys(names)))
+                                       mo.why, tuple(dict.fromkeys(names)), conds)
 
     def require_strongly_monotone(self, env: Env | None = None) -> MonotonicityCertificate:
         """The certificate, or ``CurvatureError`` when ``F`` is not strongly monotone."""

@@ -89,3 +89,40 @@ def test_several_conditions_are_named_in_the_plural(monkeypatch: pytest.MonkeyPa
     msg = str(w.message)
     assert "conditions" in msg and " read trained" in msg and "keep them" in msg
     assert " it " not in msg.replace("(it keeps", "")
+
+
+def test_a_monotone_margin_measured_at_the_weights_is_a_condition() -> None:
+    """An inclusion ``0 ∈ z + Wz − Ux + ∂f_relu(z)``: its strong monotonicity was measured at
+    the declared ``W`` (the derivation names ``λ_min(½(M + Mᵀ)) > 0``), but the certificate had
+    no condition — no warning, and an empty ``certificate_status()`` even after training made
+    ``M`` non-monotone (the uniqueness claim false, silently)."""
+    from convex_eq.inclusion import Inclusion
+    from convex_eq.operators import Dense
+
+    rng = np.random.default_rng(0)
+    z, x = State("z", 6), Input("x", 4)
+    u = Weight("U", (6, 4), rng.standard_normal((6, 4)))
+    w = Weight("W", (6, 6), 0.2 * rng.standard_normal((6, 6)))
+    layer = lowering.lower(Inclusion(Potential("relu", z), grad=[SqNorm(z), -Linear(u @ x, z)],
+                                     linear=[Dense(w)]))
+    mod, caught = _built(layer)
+    assert len(caught) == 1 and "λ_min(½(M + Mᵀ)) > 0" in str(caught[0].message)
+
+    def reference() -> float:
+        m = np.eye(6) + mod.weights["W"].detach().numpy()
+        return float(np.linalg.eigvalsh(0.5 * (m + m.T)).min())
+
+    (st,) = mod.certificate_status()
+    # λ_min of a 6×6 symmetric float64 matrix (I + sym W): LAPACK builds agree to ~1e-15;
+    # 1e-9 is far above that
+    assert st.kept == "not kept" and st.holds and abs(st.value - reference()) < 1e-9
+    with torch.no_grad():
+        mod.weights["W"].mul_(10.0)
+    (st,) = mod.certificate_status()
+    assert not st.holds and st.value < 0 and abs(st.value - reference()) < 1e-9
+    # W a constant: fixed, no warning
+    layer = lowering.lower(Inclusion(Potential("relu", z), grad=[SqNorm(z), -Linear(u @ x, z)],
+                                     linear=[Dense(Constant("C", w.value.numpy()))]))
+    mod, caught = _built(layer)
+    (st,) = mod.certificate_status()
+    assert st.kept == "fixed" and st.holds and not caught

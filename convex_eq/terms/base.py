@@ -41,10 +41,13 @@ class Condition:
         return float(self.measure(env))
 
     def holds(self, env: Env | None = None) -> bool:
-        """``measure(env) ≤ bound + tol`` (or ``≥ bound − tol``) at the current values."""
+        """``measure(env) ≤ bound + tol`` (``≥ bound − tol``; ``>``: strictly above ``bound``)
+        at the current values."""
         v = self.value(env)
         if self.sense == "<=":
             return v <= self.bound + self.tol
+        if self.sense == ">":
+            return v > self.bound
         return v >= self.bound - self.tol
 
     def describe(self, env: Env | None = None) -> str:
