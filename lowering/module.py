@@ -356,7 +356,8 @@ class EquilibriumModule(nn.Module):
         """Every condition of the certificate evaluated at the current (controlled) weights:
         its value, whether it holds, and how training keeps it (``"weight control"``,
         ``"fixed"`` or ``"not kept"``; docs/guide.md, weight control).  Empty for a layer whose
-        objective is convex without conditions."""
+        objective is convex without conditions, and for one that certifies nothing (a
+        nonconvex objective, whose claim is a stationary point: ``derived.certificate.kind``)."""
         out = []
         with torch.no_grad():
             env = {k: v.detach() for k, v in self.env().items()}
