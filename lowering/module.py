@@ -466,9 +466,7 @@ class EquilibriumModule(nn.Module):
         (docs/guide.md, torch.compile).  Eager calls never take it."""
         if torch.compiler.is_compiling():
             steps = getattr(self.config, "compile_steps", 0)
-            # (None: not made yet, or an _forward set on the instance, which is called as is)
-            disabled = getattr(type(self)._forward, "disabled", None) \
-                if "_forward" not in self.__dict__ else None
+            disabled = getattr(type(self)._forward, "disabled", None)  # (None: not made yet)
             if disabled is not None:
                 return disabled(self, x, z0, return_stats, steps)
             return self._forward(x, z0, return_stats, steps)
