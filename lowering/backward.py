@@ -150,9 +150,10 @@ def _report(stats: SolverStats, cfg: AdjointConfig, what: str) -> None:
 
 
 def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torch.Tensor,
-                        cfg: AdjointConfig, what: str, sink: Callable | None = None
-                        ) -> torch.Tensor:
-    """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver."""
+                        cfg: AdjointConfig, what: str, sink: Callable | None = None,
+                        kept: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver (``kept``, when
+    given, receives the mask of the rows kept when mask mode zeroed failed ones)."""
     solver = get_solver(cfg.solver)
     plus_fn = getattr(apply, "plus_fn", None)  # a plan's Jᵀ fuses the affine step (addmm)
     step = plus_fn(rhs) if plus_fn is not None else (lambda y: apply(y) + rhs)
@@ -172,6 +173,8 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
         # unconverged (or NaN) row never enters the weights' gradient
         keep = st.converged.reshape(-1, *([1] * (y.ndim - 1)))
         y = torch.where(keep, y, torch.zeros((), dtype=y.dtype, device=y.device))
+        if kept is not None:
+            kept.append(keep)
     return y
 
 
@@ -408,10 +411,13 @@ class _AdjointSolve(torch.autograd.Function):
             def jt(y: torch.Tensor) -> torch.Tensor:
                 return torch.autograd.grad(fz, zz, y, retain_graph=True)[0]
 
+            kept: list[torch.Tensor] = []
             g = _linear_fixed_point(jt, v.detach(), problem.adjoint, "adjoint fixed point",
-                                    problem.sink)
+                                    problem.sink, kept)
         del needs
         ctx.problem = problem
+        # mask mode: rows zeroed for a failed adjoint are constant, so their derivative is 0
+        ctx.kept = kept[0] if kept else None
         ctx.save_for_backward(z, g, *tensors)
         return g
 
@@ -434,6 +440,8 @@ class _AdjointSolve(torch.autograd.Function):
         problem: FixedPointProblem = ctx.problem
         needs = list(ctx.needs_input_grad[3:])
         u = u.detach()
+        if ctx.kept is not None:  # g's zeroed rows do not depend on v (nor, below, on z, θ)
+            u = torch.where(ctx.kept, u, torch.zeros((), dtype=u.dtype, device=u.device))
         with torch.enable_grad():
             zz, ts, fz = problem.with_grad(z, tensors, needs)
             y = torch.zeros_like(fz, requires_grad=True)

@@ -136,7 +136,14 @@ def conv_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.T
     for g in range(groups):
         blk = Kh[g * per_group:(g + 1) * per_group]
         mats = blk.permute(*range(2, 2 + nd), 0, 1).reshape(freqs, blk.shape[0], blk.shape[1])
-        best.append(torch.linalg.matrix_norm(mats, ord=2).max())
+        try:
+            best.append(torch.linalg.matrix_norm(mats, ord=2).max())
+        except torch.linalg.LinAlgError:  # checked only then: no host sync on every call
+            if bool(torch.isfinite(K).all()):
+                raise
+            raise NonFiniteError(f"parameter '{name}' contains NaN or Inf", term=name,
+                                 hint="check the optimizer step / the loaded state_dict"
+                                 ) from None
     return torch.stack(best).max()
 
 
