@@ -140,6 +140,12 @@ def _report(stats: SolverStats, cfg: AdjointConfig, what: str) -> None:
     msg = (f"{what} did not reach relative residual {cfg.tol:g} in {cfg.max_iter} iterations "
            f"of {cfg.solver} for {len(idx)}/{stats.converged.numel()} samples (indices "
            f"{shown}; worst {stats.max_residual:.3e})")
+    if cfg.on_fail == "mask" and not cfg.batch_independent:
+        # (refused at construction; the config is mutable): leaving rows of a coupled system
+        # out would change the others' adjoint
+        raise OptionError(f"{msg}; on_nonconvergence='mask' cannot leave samples of this layer "
+                          "out of the gradient: its objective couples the batch", term="backward",
+                          hint="set module.config.on_nonconvergence to 'raise' or 'warn'")
     if cfg.on_fail == "mask":
         msg += "; they are left out of the gradient (on_nonconvergence='mask')"
     if cfg.on_fail == "raise":

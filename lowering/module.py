@@ -703,7 +703,9 @@ class EquilibriumModule(nn.Module):
                         or bool(torch.isfinite(t).all()):
                     continue
             bad = ~torch.isfinite(t).all(dim=1)
-            if self.on_nonconvergence != "mask":
+            if self.on_nonconvergence == "mask":
+                self._refuse_coupled_mask()
+            else:
                 raise NonFiniteError(f"input '{name}' contains NaN or Inf in samples "
                                      f"{_indices(bad)}", term="forward",
                                      hint="clean those samples" + (
@@ -919,9 +921,20 @@ class EquilibriumModule(nn.Module):
         if self.on_nonconvergence == "warn":  # finite, unconverged samples: their best iterate
             warnings.warn(f"forward: {msg}. Hint: {hint}", ConvergenceWarning, stacklevel=3)
             return torch.ones_like(ok), True
+        self._refuse_coupled_mask()
         warnings.warn(f"forward: {msg}; their outputs are NaN and excluded from the backward "
                       "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=3)
         return ok, False
+
+    def _refuse_coupled_mask(self) -> None:
+        """``on_nonconvergence='mask'`` set on the config of a layer that couples its batch
+        (refused at construction, but the config is mutable): removing samples changes the
+        others' ``T``, so masking would return wrong values for the kept samples."""
+        if self._batch_coupled:
+            raise OptionError("on_nonconvergence='mask' needs a layer whose samples are "
+                              "independent; this objective couples the batch (its T changes "
+                              "when samples are removed)", term="forward",
+                              hint="set module.config.on_nonconvergence to 'raise' or 'warn'")
 
     def _refuse_nonfinite_weights(self) -> None:
         """After NaN/Inf iterates: a weight or constant with NaN/Inf entries is named (a

@@ -149,3 +149,38 @@ def test_a_nan_weight_written_through_data_is_named(weight_control: str | None,
         with pytest.raises(NonFiniteError, match="parameter 'W' contains NaN or Inf"):
             mod(x)
 
+
+
+# -------------------------------------- mask set in place on a batch-coupled layer's config
+def _coupled_module() -> torch.nn.Module:
+    import convex_eq as ce
+    from convex_eq.models import opteq
+
+    base = opteq(n=6, m=6, d=3, activation="tanh")
+    obj = 0.6 * ce.moreau(base + 0.05 * ce.BatchDecorrelation(base.states[0]), 0.4)
+    return lowering.lower(obj).torch_module(dtype=torch.float64, weight_control=None)
+
+
+def test_mask_set_in_place_on_a_coupled_layer_is_refused() -> None:
+    """Mask mode is refused at construction for a layer that couples its batch; set in place on
+    the config afterwards it went through: NaN inputs, failed samples and failed adjoints were
+    dropped from a coupled system, changing the kept samples' values. Each is refused now."""
+    from convex_eq.errors import OptionError
+
+    x = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    mod = _coupled_module()
+    mod.config.on_nonconvergence = "mask"
+    bad = x.clone()
+    bad[2, 0] = float("nan")
+    with pytest.raises(OptionError, match="couples the batch"):
+        mod(bad)  # a NaN input sample would be dropped from the batch
+    mod.config.forward.max_iter = 2  # forward samples fail
+    with pytest.raises(OptionError, match="couples the batch"):
+        mod(x)
+    mod = _coupled_module()
+    mod.config.on_nonconvergence = "mask"
+    mod.config.backward.max_iter = 1  # the adjoint fails
+    xx = x.clone().requires_grad_()
+    out = mod(xx)  # (the forward converges)
+    with pytest.raises(OptionError, match="adjoint fixed point did not reach.*couples the batch"):
+        out.sum().backward()
