@@ -244,3 +244,16 @@ def test_select_device() -> None:
 
     assert select_device("cpu") == torch.device("cpu")
     assert select_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_a_case_process_that_fails_is_reported(tmp_path: Path) -> None:
+    """A case runs in its own interpreter; when that process dies before writing its result,
+    the case is reported as failed with the exit status (not silently missing)."""
+    import argparse
+
+    from benchmarks.run import _run_case_isolated
+
+    args = argparse.Namespace(threads=1, seed=0, quick=True, quiet=True)
+    got = _run_case_isolated("no-such-case", args, "cpu")  # the child's parser exits with 2
+    assert "result" not in got
+    assert "exited with status 2" in got["error"]
