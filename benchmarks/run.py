@@ -119,7 +119,7 @@ def _run_case_isolated(case: str, args: argparse.Namespace, device: str) -> dict
         proc = subprocess.run(cmd, env=env, check=False)
         if proc.returncode != 0 or not result.exists():
             return {"error": f"the process of case {case} exited with status {proc.returncode} "
-                    "before writing its result", "traceback": " ".join(cmd)}
+                    "before writing its result", "traceback": "command: " + " ".join(cmd)}
         with open(result, "rb") as fh:
             return pickle.load(fh)
 
@@ -137,6 +137,8 @@ def execute(args: argparse.Namespace) -> int:
     cfg = common.Config.make(args.quick, args.threads, args.seed, str(dev))
     out = Path(args.out)
     if args.case_result:  # a child of _run_case_isolated: its one case, pickled
+        if not args.only or len(args.only) != 1:
+            raise SystemExit("--case-result runs exactly one case: pass one --only CASE")
         got = _run_case(args.only[0], cfg, lambda msg: None if args.quiet else print(msg,
                                                                                    flush=True))
         with open(args.case_result, "wb") as fh:
