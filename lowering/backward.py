@@ -94,6 +94,13 @@ class FixedPointProblem:
     #: (detached copies of ``tensors``): the first-order implicit backward linearises it
     plan: Any = None
     leaves: list[torch.Tensor] | None = None
+    #: True when ``tensors`` are the plan's own held tensors (``plan.held``, built with
+    #: autograd from the inputs and weights) and ``fn`` is ``plan.eval_with``: the implicit
+    #: backward then differentiates the plan in closed form (:class:`_PlannedFixedPoint`)
+    held: bool = False
+    #: ``T`` at the equilibrium as the forward solver computed it (or None): the planned
+    #: backward reads ``f'`` there (``plan.linearize_at``)
+    image: torch.Tensor | None = None
 
     def with_grad(self, z: torch.Tensor, tensors: Sequence[torch.Tensor],
                   needs: Sequence[bool]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
@@ -170,6 +177,7 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
         else:
             with compiled_steps(steps):
                 y, st = solver(step, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+    st.__dict__.pop("image", None)  # (not kept by the statistics)
     if sink is not None:
         sink(st)
     _report(st, cfg, what)
@@ -393,14 +401,70 @@ class _ImplicitFixedPoint(torch.autograd.Function):
                 want = [t for t, n in zip(ts, needs) if n]
                 grads = iter(torch.autograd.grad(fz, want, g, allow_unused=True))
             return (None, None, *[next(grads) if n else None for n in needs])
-        # create_graph=True: every quantity stays a differentiable function of (v, z, θ); z is
-        # the saved *output*, so its dependence on θ is again this implicit function.  The
-        # partial derivative (∂T/∂θ)ᵀ g at fixed z is a functorch vjp over θ alone: z enters
-        # as a captured tensor, differentiated only by the outer (higher-order) autograd.
-        g = _AdjointSolve.apply(v, z, problem, *tensors)
-        _, vjp_fn = torch.func.vjp(lambda *ts: problem.fn(z, list(ts)), *tensors)
-        grads = vjp_fn(g)
-        return (None, None, *[gr if n else None for gr, n in zip(grads, needs)])
+        return (None, None, *_differentiable_grads(problem, z, v, tensors, needs))
+
+
+def _differentiable_grads(problem: FixedPointProblem, z: torch.Tensor, v: torch.Tensor,
+                          tensors: Sequence[torch.Tensor], needs: Sequence[bool]
+                          ) -> list[torch.Tensor | None]:
+    """``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v`` for each of ``tensors`` (θ) as a differentiable function of
+    ``(v, z, θ)`` (a backward under ``create_graph=True``).  ``z`` is the saved *output*, so its
+    dependence on θ is again the implicit function; the partial derivative at fixed ``z`` is a
+    functorch vjp over θ alone: ``z`` enters as a captured tensor, differentiated only by the
+    outer (higher-order) autograd."""
+    g = _AdjointSolve.apply(v, z, problem, *tensors)
+    _, vjp_fn = torch.func.vjp(lambda *ts: problem.fn(z, list(ts)), *tensors)
+    grads = vjp_fn(g)
+    return [gr if n else None for gr, n in zip(grads, needs)]
+
+
+class _Express:
+    """What :class:`_PlannedFixedPoint` carries from the forward to the backward (not a tensor
+    argument, so that the solver's iterate can be the output without a copy)."""
+
+    __slots__ = ("problem", "z")
+
+    def __init__(self, z: torch.Tensor, problem: FixedPointProblem):
+        self.z, self.problem = z, problem
+
+
+class _PlannedFixedPoint(torch.autograd.Function):
+    """``z*`` of a problem whose tensors are its plan's held tensors (``problem.held``): the
+    same gradient as :class:`_ImplicitFixedPoint`, with the plan's state-free tensors ``(c, M)``
+    as the autograd inputs (built with autograd from the layer's inputs and weights, so autograd
+    carries their cotangents on: no leaf copies, no second autograd pass) and ``f'`` at ``z*``
+    read from the solver's last image where the activation allows (docs/theory.md §8).  Second
+    order differentiates the plan's evaluation ``T(z, c, M)`` implicitly, as
+    :class:`_ImplicitFixedPoint` differentiates ``T``."""
+
+    @staticmethod
+    def forward(ctx: Any, box: _Express, *held: torch.Tensor) -> torch.Tensor:
+        z = box.z
+        box.z = None  # (the output is saved below; the box must not hold it: a cycle)
+        out = z if z._base is None else z.clone()
+        ctx.problem = box.problem
+        ctx.save_for_backward(out, *held)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, v: torch.Tensor) -> Any:
+        z, *held = ctx.saved_tensors
+        problem: FixedPointProblem = ctx.problem
+        needs = ctx.needs_input_grad[1:]
+        if not any(needs):
+            return (None, *([None] * len(held)))
+        if torch._C._functorch.is_legacy_batchedtensor(v) \
+                or torch._C._are_functorch_transforms_active():
+            _refuse_batched_backward()
+        if torch.is_grad_enabled():  # create_graph=True: T as the plan's evaluation
+            return (None, *_differentiable_grads(problem, z, v, held, needs))
+        z = z.detach()  # (an alias without the output's grad_fn: no cycle through the plan)
+        plan = problem.plan
+        image = problem.image
+        jt, d = plan.linearize_at(z, image if image is not None and image.shape == z.shape
+                                  else None)
+        g = _adjoint_from_map(jt, z, v, problem)
+        return (None, *plan.held_vjp(z, g, d, needs))
 
 
 class _AdjointSolve(torch.autograd.Function):
@@ -489,8 +553,11 @@ class ImplicitBackward:
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:
-        """``z*`` with the exact implicit gradient attached."""
+        """``z*`` with the exact implicit gradient attached (through the plan's held tensors
+        when the problem is posed on them: ``problem.held``)."""
         z = z_star.detach() if z_star.requires_grad else z_star  # (the solvers' is not)
+        if problem.held:
+            return _PlannedFixedPoint.apply(_Express(z, problem), *problem.tensors)
         return _ImplicitFixedPoint.apply(_Solved(z), problem, *problem.tensors)
 
 

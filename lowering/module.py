@@ -579,6 +579,7 @@ class EquilibriumModule(nn.Module):
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
                                         compiled and compiled[0], planned is not None)
+            stats.__dict__.pop("image", None)  # (not kept by last_stats)
         return self._finish(z_star, stats, z0, planned, compiled, fn, tensors, len(keys_in),
                             inputs, env, bad_in, b, out_dtype, return_stats)
 
@@ -608,9 +609,12 @@ class EquilibriumModule(nn.Module):
         """The common call (one flat finite input of the module's dtype, a planned layer,
         eager, no warm start) on its shortest way: the same checks, plan, solver, statistics
         and backward strategy as the general path, without the steps that only other calls
-        need (input dicts, casts, masks, output maps; docs/theory.md §8).  None when the
-        input has NaN/Inf or the layer has no plan: nothing was solved, and the general path
-        (which reports or masks those samples) takes the call with the same ``env``."""
+        need (input dicts, casts, masks, output maps; docs/theory.md §8).  With the implicit
+        backward and a plan that holds its state-free tensors in closed form (``plan.held``:
+        the canonical ``σ(c + zM)``), the problem is posed on those tensors (``problem.held``:
+        the implicit strategy differentiates the plan in closed form).  None when the input
+        has NaN/Inf or the layer has no plan: nothing was solved, and the general path (which
+        reports or masks those samples) takes the call with the same ``env``."""
         with grad_off():  # one reduction: a finite norm means finite entries
             finite = math.isfinite(float(torch.linalg.vector_norm(x)))
         if not finite:
@@ -618,7 +622,62 @@ class EquilibriumModule(nn.Module):
         b = x.shape[0]
         z0 = torch.zeros(b, self.__dict__.get("_state_size") or self.state_size,
                          dtype=x.dtype, device=x.device)
-        keys_in, keys_env = [self.input_syms[0].name], list(env)
+        name = self.input_syms[0].name
+        plan = None
+        misses = self.__dict__.get("_held_misses")
+        if self.config.backward.mode == "implicit" and torch.is_grad_enabled() \
+                and (misses is None or b not in misses) \
+                and (x.requires_grad or any(t.requires_grad for t in env.values())):
+            plan = self._plan_held(name, x, env, z0)
+            if plan is None and not self.__dict__.get("_plannable", True):
+                return None
+        if plan is None:
+            return self._express_leaves(x, env, z0, name, return_stats)
+        fc = self.config.forward
+        with grad_off():
+            z_star, stats = get_solver(fc.solver)(plan.fn, z0, tol=fc.tol,
+                                                  max_iter=fc.max_iter, **fc.options)
+        image = stats.__dict__.pop("image", None)  # (not kept by last_stats)
+        if not stats.all_converged:  # judged, masked or warned as any other call
+            return self._finish(z_star, stats, z0, None, None, self._t_fn([name], list(env)),
+                                [x, *env.values()], 1, {name: x}, env, None, b, x.dtype,
+                                return_stats)
+        self.__dict__["last_stats"] = stats
+        problem = FixedPointProblem(plan.eval_with, list(plan.held),
+                                    self._adjoint_config(None, None), self._backward_sink, plan,
+                                    None, True, image)
+        z = self._strategy.attach(problem, z_star, z0, self.config.backward)
+        return (z, stats) if return_stats else z
+
+    def _plan_held(self, name: str, x: torch.Tensor, env: dict[str, torch.Tensor],
+                   z0: torch.Tensor) -> Any:
+        """The plan of ``T`` built with autograd from ``x`` and the weights themselves, when it
+        holds its state-free tensors in closed form (``plan.held``); None otherwise (no plan:
+        ``_plannable`` turns False; a plan of another kind: the batch size joins
+        ``_held_misses``, and later calls of that size plan with leaf copies directly — the
+        node tree decides a plan's kind by the batch size, e.g. whether a Gram matrix pays)."""
+        if len(self.blocks) != 1 or not self.__dict__.get("_plannable", True):
+            return None
+        block = self.blocks[0].name
+        plan = self.derived.nodes[block].plan(PlanContext(block, {name: x}, env, z0.shape[0],
+                                                          z0))
+        if plan is None:
+            self._plannable = False
+            return None
+        if not getattr(plan, "batch_shaped", False) or not hasattr(plan, "held"):
+            misses = self.__dict__.setdefault("_held_misses", set())
+            if len(misses) >= 64:  # (bounded: a stream of batch sizes)
+                misses.clear()
+            misses.add(z0.shape[0])
+            return None
+        return plan
+
+    def _express_leaves(self, x: torch.Tensor, env: dict[str, torch.Tensor],
+                        z0: torch.Tensor, name: str, return_stats: bool) -> Any:
+        """:meth:`_express` for a plan differentiated through leaf copies of the tensors it
+        was built from (:meth:`_plan`), or without gradients."""
+        b = x.shape[0]
+        keys_in, keys_env = [name], list(env)
         tensors = [x, *env.values()]
         planned = self._plan(keys_in, keys_env, tensors, z0)
         if planned is None:
@@ -627,6 +686,7 @@ class EquilibriumModule(nn.Module):
         with grad_off():
             z_star, stats = get_solver(fc.solver)(planned[0].fn, z0, tol=fc.tol,
                                                   max_iter=fc.max_iter, **fc.options)
+        stats.__dict__.pop("image", None)
         fn = self._t_fn(keys_in, keys_env)
         if not stats.all_converged:  # judged, masked or warned as any other call
             return self._finish(z_star, stats, z0, planned, None, fn, tensors, 1,

@@ -134,8 +134,9 @@ class Sigma(Node):
         if ops is None or ops[0] is not act:  # the activation's torch ops, looked up once
             df = act.sigma_prime if getattr(act, "has_sigma_prime", False) else None
             ops = self.__dict__["_ops"] = (act, act.torch_sigma, df,
-                                           getattr(act, "torch_sigma_", None))
-        return pl.elementwise(ops[1], inner, ops[2], f_inplace=ops[3])
+                                           getattr(act, "torch_sigma_", None),
+                                           getattr(act, "sigma_prime_of_sigma", None))
+        return pl.elementwise(ops[1], inner, ops[2], f_inplace=ops[3], df_of_value=ops[4])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -15,7 +15,7 @@ a plan's output is differentiable with respect to the weights and inputs it was 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -411,9 +411,13 @@ class AffineElementwise:
 
     def __init__(self, f: Callable[[torch.Tensor], torch.Tensor], inner: Sum,
                  df: Callable[[torch.Tensor], torch.Tensor] | None,
-                 f_inplace: Callable[[torch.Tensor], torch.Tensor] | None):
+                 f_inplace: Callable[[torch.Tensor], torch.Tensor] | None,
+                 df_of_value: Callable[[torch.Tensor], torch.Tensor] | None = None):
         assert inner.affine is not None
         self.f, self.inner, self.df = f, inner, df
+        #: ``u ↦ f'(p)`` at ``u = f(p)`` where ``f``'s value decides its derivative (None
+        #: otherwise): :meth:`linearize_at` reads ``f'`` from a known image, no ``c + zM``
+        self.df_of_value = df_of_value
         self.c, self.mat = inner.affine
         self.m = self.mat.m
         self._point: tuple[torch.Tensor, torch.Tensor] | None = None  # (z, f'(c + zM))
@@ -443,6 +447,39 @@ class AffineElementwise:
         self._point = (z, d)
         return out, DiagonalThenT(d, MatrixT(self.mat.transposed()))
 
+    # --- the held-tensor protocol of the express call (lowering/backward.py, _PlannedFixedPoint):
+    # the plan's state-free tensors are the autograd inputs, differentiated in closed form
+    @property
+    def held(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state-free tensors ``T`` is a function of here: ``(c, M)``."""
+        return self.c, self.m
+
+    def eval_with(self, z: torch.Tensor, held: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``f(c + zM)`` with ``(c, M)`` replaced by ``held`` (a differentiable function of both:
+        the second-order implicit backward differentiates it)."""
+        return self.f(torch.addmm(held[0], z, held[1]))
+
+    def linearize_at(self, z: torch.Tensor, image: torch.Tensor | None = None
+                     ) -> tuple[Transpose, torch.Tensor]:
+        """``(v ↦ Jᵀv, f'(c + zM))`` at ``z``; ``image``: ``f(c + zM)`` when the caller has it
+        (the solver's last evaluation), from which ``f'`` is read where ``f`` allows
+        (``df_of_value``) instead of forming ``c + zM`` again."""
+        dv = self.df_of_value
+        if image is not None and dv is not None:
+            d = dv(image)
+        else:
+            d = self._derivative(torch.addmm(self.c, z, self.m))[1]
+        return DiagonalThenT(d, MatrixT(self.mat.transposed())), d
+
+    def held_vjp(self, z: torch.Tensor, g: torch.Tensor, d: torch.Tensor,
+                 needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        """``(∂T/∂c)ᵀ g`` and ``(∂T/∂M)ᵀ g = zᵀ(f' ⊙ g)`` at ``z`` (``d = f'(c + zM)``), each
+        where ``needs`` asks for it (aligned with :attr:`held`)."""
+        dg = d * g
+        c = self.c
+        return [(dg if dg.shape == c.shape else dg.sum_to_size(c.shape)) if needs[0] else None,
+                z.T @ dg if needs[1] else None]
+
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         point = self._point
         if point is not None and point[0] is z:  # linearised here already
@@ -462,11 +499,13 @@ class AffineElementwise:
 def elementwise(f: Callable[[torch.Tensor], torch.Tensor], inner: Plan,
                 df: Callable[[torch.Tensor], torch.Tensor] | None = None,
                 has_params: bool = False,
-                f_inplace: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Plan:
+                f_inplace: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                df_of_value: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Plan:
     """The plan of ``f(inner(z))``: :class:`AffineElementwise` over a fused ``c + zM`` (``f``
     without weights of its own), :class:`Elementwise` otherwise."""
     if not has_params and getattr(inner, "affine", None) is not None:
-        return AffineElementwise(f, inner, df, f_inplace)  # type: ignore[arg-type]
+        return AffineElementwise(f, inner, df, f_inplace,  # type: ignore[arg-type]
+                                 df_of_value)
     return Elementwise(f, inner, df, has_params, f_inplace)
 
 

@@ -82,6 +82,10 @@ class SolverStats:
     returned_residual: torch.Tensor | None = field(default=None)
     #: True when the solver knows every sample converged (saves a device synchronisation)
     all_converged: bool | None = field(default=None)
+    #: (not a field) ``f`` at the returned iterate, as the solver computed it, when it did
+    #: (:meth:`Tracker.stats`; None otherwise): the emitted module linearises ``T`` there
+    #: without evaluating it again, and drops it (it is never pickled)
+    image = None
 
     def __post_init__(self) -> None:
         if self.converged is None:
@@ -113,6 +117,7 @@ class SolverStats:
         (an earlier release) finds them as attributes."""
         state = self.__dict__.copy()
         state["converged"], state["nonfinite"] = self.converged, self.nonfinite
+        state.pop("image", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -510,55 +515,80 @@ class Tracker:
         until every sample is done, ``max_iter`` evaluations or ``watch(k)`` says stop; then
         ``(f(z) if watch stopped it else None, k)``.
 
-        Each iteration is :meth:`record`'s lean path inlined (the same arithmetic, the same
-        history), with the latest-iterate bookkeeping done only where it is read: before a
-        stop is confirmed, when ``watch`` stops the loop (it reads ``top`` only, kept every
-        iteration), and at the last iteration.  Anything the lean path does not take goes
-        through :meth:`record` itself."""
-        tol, hist, norm = self.tol, self.hist, _norm
-        # the tracker's lean flag, record count and latest worst residual live in locals while
-        # the lean path runs (fewer attribute reads and writes per iteration); they are written
-        # back before anything reads them: a confirmation, the watch, a general record, a return
-        lean, count = self._lean, self._count
-        never = max_iter + 1
-        ask = watch.next if watch is not None else never  # the watch is asked once k ≥ ask
-        for k in range(1, max_iter + 1):
+        Iterations that need neither the watch (``k < watch.next``) nor the cap
+        (``k < max_iter``) and follow a lean record run as a *run*: :meth:`record`'s lean path
+        inlined with nothing else per iteration (the same arithmetic, the same history; the
+        latest-iterate bookkeeping is done where it is read: at a stop, at the watch, at the cap),
+        ending at the first residual that is not above ``tol`` (a stop to confirm, or a
+        non-finite one for :meth:`record`).  Every other iteration is one *step* that handles
+        all cases (docs/theory.md §8, solver bookkeeping: a run's iteration is about half the
+        Python of a step)."""
+        tol, norm = self.tol, _norm
+        append = self.hist.append
+        ask = watch.next if watch is not None else max_iter + 1  # the watch is asked at k ≥ ask
+        k = 0
+        while k < max_iter:
+            end = (ask if ask < max_iter else max_iter) - 1  # the last iteration a run may take
+            if k < end and self._lean and self._count:
+                k0 = k
+                for k in range(k0 + 1, end + 1):  # noqa: B007 (k is read after the loop)
+                    fz = f(z)
+                    den = norm(fz, 2, 1, True)
+                    # (the difference is not kept: one (B, N) buffer less alive per iteration;
+                    # the exact residual of a stop forms it again only when it is needed)
+                    r = norm(fz - z, 2, 1, True).div_(den)
+                    top = float(r.max())
+                    if not top > tol:  # done by plain norms, or not finite
+                        break
+                    append(r)
+                    z = fz
+                else:  # the whole run recorded, none done: iteration end + 1 is a step
+                    self._count += end - k0
+                    continue
+                self._count += k - 1 - k0
+                if top <= tol:
+                    append(r)
+                    self._count += 1
+                    self._latest(z, fz, r, None, den, top)
+                    if self._confirm():
+                        return None, k
+                    # a refused stop: measured exactly from now on (a step per iteration)
+                elif self.record(z, fz):  # not finite: the general record
+                    return None, k
+                z = fz
+                continue
+            # one step: iteration k + 1, whatever it needs
+            k += 1
             fz = f(z)
             d = None
-            if lean and not fz.requires_grad:
+            if self._lean and not fz.requires_grad:
                 d = fz - z
-                den = norm(fz, dim=1, keepdim=True)  # _plain_norms, inline
-                r = norm(d, dim=1, keepdim=True).div_(den)
+                den = norm(fz, 2, 1, True)  # _plain_norms, inline
+                r = norm(d, 2, 1, True).div_(den)
                 top = float(r.max())
-                if math.isfinite(top) and (count or self._first_lean(den, fz)):
-                    hist.append(r)
-                    count += 1
+                if math.isfinite(top) and (self._count or self._first_lean(den, fz)):
+                    append(r)
+                    self._count += 1
                     if top <= tol or k == max_iter:
-                        self._count = count
                         self._latest(z, fz, r, d, den, top)
                         if top <= tol and self._confirm():
                             return None, k
-                        # a refused stop: measured exactly from now on, its exact worst kept
-                        lean, top = self._lean, self.top
+                        top = self.top  # (a refused stop: its exact worst)
                     if k >= ask:
-                        self._count, self.top = count, top  # (the watch reads top)
+                        self.top = top  # (the watch reads top)
                         if watch(k):  # type: ignore[misc]
                             self._latest(z, fz, r, d, den, top)
                             return fz, k
                         ask = watch.next  # type: ignore[union-attr]
                     z = fz
                     continue
-                lean = self._lean  # (the first record's scale check may switch it off)
-            self._count = count
             if self.record(z, fz, d):
                 return None, k
-            lean, count = self._lean, self._count
             if k >= ask:
                 if watch(k):  # type: ignore[misc]
                     return fz, k
                 ask = watch.next  # type: ignore[union-attr]
             z = fz
-        self._count = count
         return None, max_iter
 
     def _first_lean(self, den: torch.Tensor, fz: torch.Tensor) -> bool:
@@ -689,8 +719,10 @@ class Tracker:
         res = (tuple(self.hist) if self.hist
                else torch.zeros(b, 0, dtype=self._rdt, device=self._best.device))
         if not self._any_nonfinite:  # the flags made when read: best_res <= tol, none non-finite
-            return SolverStats(self.name, res, None, None, self.tol, None, best_res,
-                               True if self._done else None)
+            st = SolverStats(self.name, res, None, None, self.tol, None, best_res,
+                             True if self._done else None)
+            st.image = self.best_fz  # f(best), or None when nothing was recorded
+            return st
         nonfinite = self.nonfinite[:, 0]
         return SolverStats(self.name, res, None, _meets(best_res, self.tol) & ~nonfinite, self.tol,
                            nonfinite, best_res)

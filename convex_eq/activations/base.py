@@ -120,6 +120,14 @@ class Activation:
         return None
 
     @property
+    def sigma_prime_of_sigma(self) -> Any:
+        """``u ↦ σ'(t)`` at ``u = σ(t)``, for activations whose value decides their derivative
+        exactly (ReLU: ``1[u > 0]``), or None.  The emitted module's implicit backward then reads
+        ``σ'`` at the equilibrium from the last image the solver computed instead of forming the
+        pre-activation again (docs/theory.md §8, solver bookkeeping)."""
+        return None
+
+    @property
     def has_sigma_prime(self) -> bool:
         """True if this activation gives ``σ'`` in closed form (:meth:`sigma_prime`)."""
         return type(self).sigma_prime is not Activation.sigma_prime

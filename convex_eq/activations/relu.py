@@ -34,6 +34,12 @@ class ReLU(Activation):
         """``torch.relu_`` (None for a subclass with its own ``sigma`` or ``torch_sigma``)."""
         return torch.relu_ if self._keeps(ReLU, "sigma", "torch_sigma") else None
 
+    @property
+    def sigma_prime_of_sigma(self) -> Any:
+        """``u ↦ 1[u > 0]``: ``max(t, 0) > 0`` exactly when ``t > 0`` (None for a subclass with
+        its own ``sigma`` or ``sigma_prime``)."""
+        return _positive if self._keeps(ReLU, "sigma", "sigma_prime") else None
+
     def sigma(self, t: TensorLike) -> torch.Tensor:
         """``σ(t) = max(t, 0)``."""
         return torch.relu(nm.as_tensor(t))
@@ -99,3 +105,9 @@ class ReLU(Activation):
     def latex_antiderivative(self, arg: str = "a") -> str:
         """``½ max(a, 0)²``."""
         return rf"\tfrac{{1}}{{2}} \max({arg}, 0)^{{2}}"
+
+
+def _positive(u: torch.Tensor) -> torch.Tensor:
+    """``1[u > 0]`` in ``u``'s dtype: ReLU's ``σ'(t)`` read from ``u = max(t, 0)`` (0 at ``t = 0``,
+    as :meth:`ReLU.sigma_prime`; NaN gives 0 there too)."""
+    return (u > 0).to(u.dtype)
