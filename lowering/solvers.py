@@ -515,20 +515,22 @@ class Tracker:
         until every sample is done, ``max_iter`` evaluations or ``watch(k)`` says stop; then
         ``(f(z) if watch stopped it else None, k)``.
 
-        Iterations that need neither the watch (``k < watch.next``) nor the cap
-        (``k < max_iter``) and follow a lean record run as a *run*: :meth:`record`'s lean path
-        inlined with nothing else per iteration (the same arithmetic, the same history; the
-        latest-iterate bookkeeping is done where it is read: at a stop, at the watch, at the cap),
-        ending at the first residual that is not above ``tol`` (a stop to confirm, or a
-        non-finite one for :meth:`record`).  Every other iteration is one *step* that handles
-        all cases (docs/theory.md §8, solver bookkeeping: a run's iteration is about half the
-        Python of a step)."""
+        Iterations after a lean record, up to the watch's next one (``watch.next``, asked on
+        the run's last iterate) and short of the cap (``max_iter``), run as a *run*:
+        :meth:`record`'s lean path inlined with nothing else per iteration (the same
+        arithmetic, the same history; the latest-iterate bookkeeping is done where it is read:
+        at a stop, at the watch, at the cap; the difference ``f(z) − z`` is not kept), ending at
+        the first residual that is not above ``tol`` (a stop to confirm, or a non-finite one
+        for :meth:`record`).  Every other iteration is one *step* that handles all cases
+        (docs/theory.md §8, solver bookkeeping)."""
         tol, norm = self.tol, _norm
         append = self.hist.append
         ask = watch.next if watch is not None else max_iter + 1  # the watch is asked at k ≥ ask
         k = 0
         while k < max_iter:
-            end = (ask if ask < max_iter else max_iter) - 1  # the last iteration a run may take
+            # the last iteration a run may take: the watch's next one (asked on the run's last
+            # iterate), never the cap's (a step)
+            end = ask if ask < max_iter else max_iter - 1
             if k < end and self._lean and self._count:
                 k0 = k
                 for k in range(k0 + 1, end + 1):  # noqa: B007 (k is read after the loop)
@@ -541,9 +543,15 @@ class Tracker:
                     if not top > tol:  # done by plain norms, or not finite
                         break
                     append(r)
-                    z = fz
-                else:  # the whole run recorded, none done: iteration end + 1 is a step
+                    zp, z = z, fz
+                else:  # the whole run recorded, none done
                     self._count += end - k0
+                    if end == ask:  # the watch's turn, on the run's last iterate zp, f(zp) = z
+                        self.top = top  # (the watch reads top)
+                        if watch(end):  # type: ignore[misc]
+                            self._latest(zp, z, r, None, den, top)
+                            return z, end
+                        ask = watch.next  # type: ignore[union-attr]
                     continue
                 self._count += k - 1 - k0
                 if top <= tol:
@@ -560,29 +568,27 @@ class Tracker:
             # one step: iteration k + 1, whatever it needs
             k += 1
             fz = f(z)
-            d = None
             if self._lean and not fz.requires_grad:
-                d = fz - z
-                den = norm(fz, 2, 1, True)  # _plain_norms, inline
-                r = norm(d, 2, 1, True).div_(den)
+                den = norm(fz, 2, 1, True)  # _plain_norms, inline (the difference not kept)
+                r = norm(fz - z, 2, 1, True).div_(den)
                 top = float(r.max())
                 if math.isfinite(top) and (self._count or self._first_lean(den, fz)):
                     append(r)
                     self._count += 1
                     if top <= tol or k == max_iter:
-                        self._latest(z, fz, r, d, den, top)
+                        self._latest(z, fz, r, None, den, top)
                         if top <= tol and self._confirm():
                             return None, k
                         top = self.top  # (a refused stop: its exact worst)
                     if k >= ask:
                         self.top = top  # (the watch reads top)
                         if watch(k):  # type: ignore[misc]
-                            self._latest(z, fz, r, d, den, top)
+                            self._latest(z, fz, r, None, den, top)
                             return fz, k
                         ask = watch.next  # type: ignore[union-attr]
                     z = fz
                     continue
-            if self.record(z, fz, d):
+            if self.record(z, fz):
                 return None, k
             if k >= ask:
                 if watch(k):  # type: ignore[misc]
