@@ -579,7 +579,7 @@ class EquilibriumModule(nn.Module):
                 compiled = None
             z_star, stats = self._solve(f if planned is None else planned[0].fn, z0, inputs, env,
                                         compiled and compiled[0], planned is not None)
-            stats.__dict__.pop("image", None)  # (not kept by last_stats)
+        stats.__dict__.pop("image", None)  # (not kept by last_stats)
         return self._finish(z_star, stats, z0, planned, compiled, fn, tensors, len(keys_in),
                             inputs, env, bad_in, b, out_dtype, return_stats)
 
@@ -664,7 +664,10 @@ class EquilibriumModule(nn.Module):
         if plan is None:
             self._plannable = False
             return None
-        if not getattr(plan, "batch_shaped", False) or not hasattr(plan, "held"):
+        # (held tensors without gradients while some weight has one, e.g. a weight that does
+        # not reach T: the leaf path, whose output keeps a graph as on every other path)
+        if not getattr(plan, "batch_shaped", False) or not hasattr(plan, "held") \
+                or not any(t.requires_grad for t in plan.held):
             misses = self.__dict__.setdefault("_held_misses", set())
             if len(misses) >= 64:  # (bounded: a stream of batch sizes)
                 misses.clear()

@@ -540,7 +540,7 @@ class Tracker:
                     # the exact residual of a stop forms it again only when it is needed)
                     r = norm(fz - z, 2, 1, True).div_(den)
                     top = float(r.max())
-                    if not top > tol:  # done by plain norms, or not finite
+                    if not tol < top < _INF:  # done by plain norms, or not finite (record())
                         break
                     append(r)
                     zp, z = z, fz
@@ -919,6 +919,7 @@ class grad_off:  # lower case: used like torch.no_grad
 
 
 _set_grad_enabled = torch._C._set_grad_enabled
+_INF = math.inf
 
 
 def compiled_steps_set() -> bool:

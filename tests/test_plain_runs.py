@@ -1,32 +1,35 @@
 """``Tracker.plain_loop`` (lowering/solvers.py) against the loop it inlines: one
 :meth:`Tracker.record` per iteration and the watch asked whenever ``k ≥ watch.next``.  The
 eager loop runs iterations in *runs* (no bookkeeping per iteration, the watch asked on a run's
-last iterate, the difference ``f(z) − z`` not kept); whatever the rate, the scale, the cap or a
-NaN, it must leave the same decisions, the same history bit for bit and the same returned
-iterate as the reference.  A reference asked one iteration late differs (the test can fail)."""
+last iterate, the difference ``f(z) − z`` not kept); whatever the rate, the scale, the cap, a
+NaN or a residual that is not finite, it must leave the same decisions, the same history bit
+for bit and the same returned iterate as the reference.  A reference asked one iteration late
+differs (the test can fail)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from lowering.solvers import Tracker, _AutoWatch
 
 
 def _problem(seed: int, rate: float, scale: float, nan_at: int, linear: bool = False,
-             b: int = 3, n: int = 6):
+             zero_at: int = 0, dtype: torch.dtype = torch.float64, b: int = 3, n: int = 6):
     """``z ↦ relu(z W + q)`` (``linear``: without the ReLU, so that the rate stays ``rate``
     and ``auto``'s watch switches) with ``||W||₂ = rate``, entries near ``scale``; from evaluation
-    ``nan_at`` on (0: never) sample 1 turns NaN.  Each call returns a fresh evaluation counter,
-    so that two loops see the same sequence."""
+    ``nan_at`` on (0: never) sample 1 turns NaN, at evaluation ``zero_at`` (0: never) the image
+    is 0 (a plain residual of +inf at a nonzero iterate).  Each call returns a fresh evaluation
+    counter, so that two loops see the same sequence."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, n, generator=g, dtype=torch.float64)
     w = w + w.T  # symmetric: its spectral radius is its norm, the plain rate ``rate``
     w *= rate / torch.linalg.matrix_norm(w, 2)
     q = torch.randn(b, n, generator=g, dtype=torch.float64) * scale
+    w, q = w.to(dtype), q.to(dtype)
 
     def make():
         calls = [0]
@@ -36,11 +39,13 @@ def _problem(seed: int, rate: float, scale: float, nan_at: int, linear: bool = F
             out = z @ w + q if linear else torch.relu(z @ w + q)
             if nan_at and calls[0] >= nan_at:
                 out[1] = math.nan
+            if calls[0] == zero_at:
+                out = torch.zeros_like(out)
             return out
 
         return f
 
-    return make, torch.zeros(b, n, dtype=torch.float64)
+    return make, torch.zeros(b, n, dtype=dtype)
 
 
 def _reference(tr: Tracker, f, z: torch.Tensor, max_iter: int, watch, late: int = 0):
@@ -75,8 +80,9 @@ def _same(a: list, b: list) -> bool:
     return True
 
 
-def _both(seed, rate, scale, nan_at, max_iter, watched, tol=1e-9, late=0, linear=False):
-    make, z0 = _problem(seed, rate, scale, nan_at, linear)
+def _both(seed, rate, scale, nan_at, max_iter, watched, tol=1e-9, late=0, linear=False,
+          zero_at=0, dtype=torch.float64):
+    make, z0 = _problem(seed, rate, scale, nan_at, linear, zero_at, dtype)
     out = []
     for loop in ("plain_loop", "reference"):
         tr = Tracker("plain", z0, tol)
@@ -89,12 +95,20 @@ def _both(seed, rate, scale, nan_at, max_iter, watched, tol=1e-9, late=0, linear
 
 
 @given(seed=st.integers(0, 10_000), rate=st.floats(0.05, 0.999),
-       scale=st.sampled_from([1.0, 1e-3, 1e3, 1e-25, 1e25]),
+       scale=st.sampled_from([1.0, 1e-3, 1e3, 1e-25, 1e25, 3e19]),
        nan_at=st.sampled_from([0, 0, 0, 1, 2, 7]), max_iter=st.integers(1, 80),
-       watched=st.booleans(), linear=st.booleans())
+       watched=st.booleans(), linear=st.booleans(), zero_at=st.sampled_from([0, 0, 2, 3, 9]),
+       single=st.booleans())
+@example(seed=0, rate=0.5, scale=1.0, nan_at=0, max_iter=40, watched=True, linear=True,
+         zero_at=3, single=False)  # (the CI profile's examples are drawn: these always run)
+@example(seed=1, rate=0.5, scale=3e19, nan_at=0, max_iter=40, watched=False, linear=True,
+         zero_at=0, single=True)
 def test_plain_loop_is_the_record_loop(seed: int, rate: float, scale: float, nan_at: int,
-                                       max_iter: int, watched: bool, linear: bool) -> None:
-    new, ref = _both(seed, rate, scale, nan_at, max_iter, watched, linear=linear)
+                                       max_iter: int, watched: bool, linear: bool, zero_at: int,
+                                       single: bool) -> None:
+    """(float32 at 3e19: squares overflow; an image of 0: a residual of +inf)"""
+    new, ref = _both(seed, rate, scale, nan_at, max_iter, watched, linear=linear,
+                     zero_at=zero_at, dtype=torch.float32 if single else torch.float64)
     assert _same(new, ref), (new[0], ref[0])
 
 

@@ -41,7 +41,8 @@ def test_output_keeps_its_graph_when_only_an_unreached_parameter_needs_grad() ->
     m, d = w.shape
     z, q = State("z", d), Input("q", d)
     obj = Objective([Potential("relu", z), SqNorm(z), -Linear(q, z),
-                     -SqNorm(Weight("W", (m, d), w) @ z), SqNorm(Weight("V", (d, d), np.eye(d)) @ q)])
+                     -SqNorm(Weight("W", (m, d), w) @ z),
+                     SqNorm(Weight("V", (d, d), np.eye(d)) @ q)])
     mod = lowering.lower(obj).torch_module(weight_control=None, dtype=F64)
     mod.weights.W.requires_grad_(False)
     out = mod(torch.randn(8, d, dtype=F64))
