@@ -364,6 +364,25 @@ def _refuse_batched_backward() -> None:
         "grad_outputs), or use backward='phantom' or 'unroll'")
 
 
+def _output(ctx: Any, z: torch.Tensor, problem: FixedPointProblem,
+            tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The solver's iterate as an implicit function's output, saved with ``tensors`` for its
+    backward (a view is copied: an output that is a view of another tensor would refuse later
+    in-place operations)."""
+    out = z if z._base is None else z.clone()
+    ctx.problem = problem
+    ctx.save_for_backward(out, *tensors)
+    return out
+
+
+def _refuse_batched(v: torch.Tensor) -> None:
+    """:func:`_refuse_batched_backward` when the cotangent is batched or a functorch transform
+    is active."""
+    if torch._C._functorch.is_legacy_batchedtensor(v) \
+            or torch._C._are_functorch_transforms_active():
+        _refuse_batched_backward()
+
+
 class _ImplicitFixedPoint(torch.autograd.Function):
     """Output ``z*``; backward ``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v``, differentiable (second order)."""
 
@@ -373,13 +392,9 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         # the solver's iterate is not an input of this function (it comes boxed), so it can be
         # the output itself, without a copy; a view (a reshaped state) is copied, as an output
         # that is a view of another tensor would refuse later in-place operations
-        z = z_star.z
-        out = z if z._base is None else z.clone()
-        ctx.problem = problem
         # the output is saved (not z_star): in a second-order backward its dependence on θ is
         # again this implicit function
-        ctx.save_for_backward(out, *tensors)
-        return out
+        return _output(ctx, z_star.z, problem, tensors)
 
     @staticmethod
     def backward(ctx: Any, v: torch.Tensor) -> Any:
@@ -388,9 +403,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         needs = list(ctx.needs_input_grad[2:])
         if not any(needs):
             return (None, None, *([None] * len(tensors)))
-        if torch._C._functorch.is_legacy_batchedtensor(v) \
-                or torch._C._are_functorch_transforms_active():
-            _refuse_batched_backward()
+        _refuse_batched(v)
         if not torch.is_grad_enabled() and problem.plan is not None:
             return (None, None, *_planned_backward(problem, z, v, needs))
         if not torch.is_grad_enabled():  # first order: leaf copies, one retained graph
@@ -440,11 +453,8 @@ class _PlannedFixedPoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, box: _Express, *held: torch.Tensor) -> torch.Tensor:
         z = box.z
-        box.z = None  # (the output is saved below; the box must not hold it: a cycle)
-        out = z if z._base is None else z.clone()
-        ctx.problem = box.problem
-        ctx.save_for_backward(out, *held)
-        return out
+        box.z = None  # (the output is saved; the box must not hold it: a cycle)
+        return _output(ctx, z, box.problem, held)
 
     @staticmethod
     def backward(ctx: Any, v: torch.Tensor) -> Any:
@@ -453,9 +463,7 @@ class _PlannedFixedPoint(torch.autograd.Function):
         needs = ctx.needs_input_grad[1:]
         if not any(needs):
             return (None, *([None] * len(held)))
-        if torch._C._functorch.is_legacy_batchedtensor(v) \
-                or torch._C._are_functorch_transforms_active():
-            _refuse_batched_backward()
+        _refuse_batched(v)
         if torch.is_grad_enabled():  # create_graph=True: T as the plan's evaluation
             return (None, *_differentiable_grads(problem, z, v, held, needs))
         z = z.detach()  # (an alias without the output's grad_fn: no cycle through the plan)
