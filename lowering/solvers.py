@@ -1093,11 +1093,7 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     accumulation dtype (float64 for float32/16 states: in float32 the Gram matrix squares the
     round-off and the mixing stalls near a relative residual of 1e-4); ridge ``lam·tr(G)/n``.
     Safeguard: when the worst sample's best residual has not improved for ``restart``
-    iterations (default ``2m``), the history is cleared and the next step is a plain one; when
-    ``ANDERSON_FRUITLESS`` such restarts in a row end no lower than ``ANDERSON_GAIN`` times the
-    residual of the one before, the rest of the solve is plain iteration (``stats.solver``
-    ``"anderson→plain"``): on a slow contraction Anderson can stall far from the fixed point
-    where plain iteration, slowly, converges (docs/theory.md §8)."""
+    iterations (default ``2m``), the history is cleared and the next step is a plain one."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver anderson")
     return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
@@ -1125,8 +1121,7 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
     filled = 0  # number of valid history slots
     slot = 0
     best_worst, stale = float("inf"), 0
-    at_restart, fruitless = float("inf"), 0  # the worst residual at the last restart
-    for it in range(max_iter):
+    for _ in range(max_iter):
         fx = f(x)
         g = fx - x
         if tr.record(x, fx, g):
@@ -1148,14 +1143,6 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         else:
             stale += 1
         if stale >= restart and filled > 1:  # stalled: clear the history, take a plain step
-            fruitless = fruitless + 1 if not worst < ANDERSON_GAIN * at_restart else 0
-            at_restart = worst
-            if fruitless >= ANDERSON_FRUITLESS and it + 1 < max_iter:
-                # restarts that gain nothing: plain iteration for the rest, from f(x), recorded
-                # into the same tracker (a refused stop or a non-finite sample as always)
-                tr.name += "→plain"
-                tr.plain_loop(f, fx, max_iter - it - 1)
-                break
             if X is not None:
                 X[:, 0] = x
             Fh[:, 0], G[:, 0] = fx, g
@@ -1190,14 +1177,6 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         x = x_new
     return tr.best, tr.stats()
 
-
-#: Anderson's fallback: after this many restarts in a row, each ending no lower than
-#: ``ANDERSON_GAIN`` times the worst residual at the restart before, the solve goes on by plain
-#: iteration (a warm-started inclusion layer with contraction factor 0.993 stalled at a relative
-#: residual of 3.7e-2 for 3000 iterations, restarting every 11; plain iteration reached 1e-13 in
-#: 2064: tests/test_solvers_fallback.py)
-ANDERSON_FRUITLESS = 3
-ANDERSON_GAIN = 0.5
 
 #: ``auto``: Anderson from the start for states of at least this size (there one evaluation of
 #: ``T`` costs more than Anderson's bookkeeping, and Anderson needs several times fewer); below
