@@ -1,5 +1,6 @@
-"""Review 10b: Anderson's fallback to plain iteration (6c80ac6) on maps where plain iteration
-does not converge.  Both solves converged (A) / stayed finite (B) before 6c80ac6."""
+"""Review 10b: Anderson's fallback to plain iteration (6c80ac6, reverted) on maps where plain
+iteration does not converge.  Both solves converge (A) / stay finite (B) without it; a future
+remedy for Anderson's stalls on slow contractions must keep them so."""
 
 from __future__ import annotations
 
