@@ -1022,6 +1022,12 @@ class EquilibriumModule(nn.Module):
                 f"{self.sam.tol:g})"]
         if self.solver not in ("anderson", "auto") and self.sam is None:
             tips.append("use solver='anderson'")
+        lip = getattr(self, "_lip_cache", None)  # (_judge evaluates it before asking)
+        if self.solver == "anderson" and self.sam is None and lip is not None \
+                and len(lip) > 2 and lip[2] < 1:
+            tips.append(f"use solver='plain' (Lip(T) ≤ {lip[2]:.4g} < 1 here: plain iteration "
+                        "converges, at that rate, where Anderson can stall on a slow "
+                        "contraction)")
         if self.weight_control is None and controlled_conditions(self.derived,
                                                                  list(self.weights.keys())):
             tips.append("keep the certified norms below their bounds with "
@@ -1040,13 +1046,15 @@ class EquilibriumModule(nn.Module):
         cached = getattr(self, "_lip_cache", None)
         if self.on_nonconvergence != "raise" and cached is not None and now - cached[0] < 30:
             return f"{cached[1]} (estimated {now - cached[0]:.0f} s ago)"
+        value = math.nan
         try:
             with torch.no_grad():
                 env = {k: v.detach() for k, v in self.env().items()}
-                text = c.describe(env)
+                value = c.value(env)
+                text = c.describe(env, value)
         except Exception as err:
             text = f"{c.formula} (could not evaluate: {err})"
-        self._lip_cache = (now, text)
+        self._lip_cache = (now, text, value)
         return text
 
     def extra_repr(self) -> str:

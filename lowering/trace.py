@@ -131,8 +131,10 @@ class Contraction:
     def value(self, env: Env | None = None) -> float:
         return float(self.value_fn(env))
 
-    def describe(self, env: Env | None = None) -> str:
-        v = self.value(env)
+    def describe(self, env: Env | None = None, value: float | None = None) -> str:
+        """``Lip(T) ≤ formula = value (verdict)``; ``value``: the bound at ``env`` when the
+        caller has evaluated it already."""
+        v = self.value(env) if value is None else value
         verdict = "contraction" if v < 1 else ("nonexpansive" if v <= 1 + 1e-12 else
                                                "not a certified contraction")
         return f"Lip(T) ≤ {self.formula} = {v:.4g} ({verdict})"

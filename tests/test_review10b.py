@@ -33,3 +33,32 @@ def test_default_anderson_returns_finite_rows_where_plain_iteration_diverges() -
         z, st = solvers.solve(f, torch.zeros(4, 24), "anderson", tol=1e-6, max_iter=300)
     assert bool(torch.isfinite(z).all()) and bool(torch.isfinite(st.returned_residual).all()), \
         (st.solver, st.returned_residual)
+
+
+def test_a_stalled_anderson_solve_names_plain_iteration() -> None:
+    """The stall found by the uniqueness property (tests/test_inclusions.py, seed 341): Anderson
+    stays at 3.7e-2 on a certified contraction (Lip(T) ≤ 0.993); the error's hint names
+    solver='plain', which converges there (in about 2100 iterations)."""
+    import numpy as np
+    import pytest
+
+    import lowering
+    from convex_eq.errors import ConvergenceError
+    from tests.test_inclusions import T64, _decoupled_inclusion
+
+    seed, scale = 341, 5.796875
+    d = lowering.lower(_decoupled_inclusion(seed, scale, False))
+    x = torch.as_tensor(np.random.default_rng(seed).standard_normal((2, 3)), dtype=T64)
+    z0 = torch.as_tensor(np.random.default_rng(seed + 1).uniform(0.5, 5.0, (2, 6)), dtype=T64)
+    mod = d.torch_module(dtype=T64, solver="anderson", tol=1e-13, max_iter=3000)
+    with torch.no_grad(), pytest.raises(ConvergenceError, match="solver='plain'"):
+        mod(x, z0=z0)
+    mod.config.forward.solver = "plain"
+    with torch.no_grad():
+        _, st = mod(x, z0=z0, return_stats=True)
+    assert bool(st.converged.all())
+    # the hint never names what is set: a plain solve that fails does not suggest plain
+    mod.config.forward.max_iter = 10
+    with torch.no_grad(), pytest.raises(ConvergenceError) as err:
+        mod(x, z0=z0)
+    assert "solver='plain'" not in str(err.value)
