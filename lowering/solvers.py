@@ -563,6 +563,10 @@ class Tracker:
                     # a refused stop: measured exactly from now on (a step per iteration)
                 elif self.record(z, fz):  # not finite: the general record
                     return None, k
+                if k >= ask:  # the run broke on the watch's iterate: its turn, as in a step
+                    if watch(k):  # type: ignore[misc]
+                        return fz, k
+                    ask = watch.next  # type: ignore[union-attr]
                 z = fz
                 continue
             # one step: iteration k + 1, whatever it needs
