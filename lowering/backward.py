@@ -18,6 +18,7 @@ of the tensors it reads (inputs and weights), so that gradients reach exactly th
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,11 +30,12 @@ from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 
 from .nodes import partial_evaluation
 from .solvers import (
+    _COMPILED,
+    SOLVERS,
     CompiledSteps,
     SolverStats,
     accumulation_dtype,
     compiled_steps,
-    compiled_steps_set,
     exact_rel_residual,
     get_solver,
     grad_off,
@@ -167,20 +169,27 @@ def _linear_fixed_point(apply: Callable[[torch.Tensor], torch.Tensor], rhs: torc
                         kept: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Solve ``y = apply(y) + rhs`` (``apply`` linear) with the adjoint solver (``kept``, when
     given, receives the mask of the rows kept when mask mode zeroed failed ones)."""
-    solver = get_solver(cfg.solver)
+    solver = SOLVERS.get(cfg.solver) or get_solver(cfg.solver)  # (the latter: a typed error)
     plus_fn = getattr(apply, "plus_fn", None)  # a plan's Jᵀ fuses the affine step (addmm)
     step = plus_fn(rhs) if plus_fn is not None else (lambda y: apply(y) + rhs)
     steps = cfg.compiled_steps if plus_fn is not None else None
-    with grad_off():
-        if steps is None and not compiled_steps_set():  # eager already: no context to enter
+    on = torch.is_grad_enabled()  # (grad_off's work inline: off already in a first-order
+    if on:  # backward, where this runs once per call)
+        _set_grad_enabled(False)
+    try:
+        if steps is None and _COMPILED.get() is None:  # eager already: no context to enter
             y, st = solver(step, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
         else:
             with compiled_steps(steps):
                 y, st = solver(step, rhs, tol=cfg.tol, max_iter=cfg.max_iter)
+    finally:
+        if on:
+            _set_grad_enabled(True)
     st.__dict__.pop("image", None)  # (not kept by the statistics)
     if sink is not None:
         sink(st)
-    _report(st, cfg, what)
+    if not st.all_converged:  # (_report's own first test, without the call)
+        _report(st, cfg, what)
     if cfg.on_fail == "mask" and not (st.all_converged or bool(st.converged.all())):
         # as the forward's failed samples, those whose adjoint did not converge leave the
         # backward: their rows are zero (mask mode needs samples that do not interact), so an
@@ -339,7 +348,99 @@ def _adjoint_from_map(jt: Callable[[torch.Tensor], torch.Tensor], z: torch.Tenso
             if out is not None:
                 problem.sink(out[1])
                 return out[0]
+    if cfg.method == "auto" and cfg.solver == "auto" and cfg.batch_independent and z.ndim == 2:
+        # (inside torch.compile too: the recurrence runs eagerly, as the adjoint's stop tests)
+        ask = getattr(jt, "symmetric_split", None)  # a plan's transpose types can tell
+        split = ask() if ask is not None else None
+        if split is not None:
+            out = _cg_adjoint(split[0], split[1], jt, v, cfg)
+            if out is not None:
+                problem.sink(out[1])
+                return out[0]
     return _linear_fixed_point(jt, v, cfg, "adjoint fixed point", problem.sink)
+
+
+#: the conjugate-gradient adjoint stops its recurrence at this fraction of ``tol`` first (the
+#: returned gradient is then checked against ``tol`` exactly with the true map; the target is
+#: tightened ten-fold while that check fails, within the iteration cap)
+CG_TARGET = 0.1
+
+
+def _cg_adjoint(d: torch.Tensor, inner: Any, jt: Callable[[torch.Tensor], torch.Tensor],
+                v: torch.Tensor, cfg: AdjointConfig) -> tuple[torch.Tensor, SolverStats] | None:
+    """``g = v + L(d ⊙ g)`` for a self-adjoint ``L`` and ``d ≥ 0`` by conjugate gradients, per
+    sample: with ``s = √d`` and ``h = s ⊙ g`` the system is ``(I − S L S) h = s ⊙ v``, symmetric,
+    and positive definite where ``Jᵀ`` contracts; then ``g = v + L(s ⊙ h)``.  About a third of
+    the plain iterations of a well-contracting layer (each about twice the work;
+    docs/theory.md §8).  The returned ``g`` is checked with the true map ``jt`` (relative
+    residual ``||v + Jᵀg − g|| / ||g||`` ≤ ``tol``, norms accumulated in float64 for
+    float32/16); None when that check fails within ``max_iter`` iterations, or on a breakdown
+    or non-finite value (an indefinite system, a NaN cotangent): the caller then iterates with
+    the configured solver.  ``residuals`` hold the recurrence's ``||r_k|| / ||s ⊙ v||`` per
+    iteration."""
+    on = torch.is_grad_enabled()
+    if on:
+        _set_grad_enabled(False)
+    try:
+        return _cg_run(d, inner, jt, v.detach(), cfg)
+    finally:
+        if on:
+            _set_grad_enabled(True)
+
+
+def _cg_run(d: torch.Tensor, inner: Any, jt: Callable[[torch.Tensor], torch.Tensor],
+            v: torch.Tensor, cfg: AdjointConfig) -> tuple[torch.Tensor, SolverStats] | None:
+    if v.ndim != 2 or d.shape != v.shape or not v.shape[0]:  # (an empty batch: iterate)
+        return None
+    vecdot = torch.linalg.vecdot
+    s = d.sqrt()  # NaN for a negative d: the recurrence reads non-finite and gives up
+    b = s * v
+    h = torch.zeros_like(b)
+    r = b.clone()
+    p = b
+    rr = vecdot(r, r, dim=1)  # (B,) squared norms
+    # a sample with b = 0 (h = 0 is exact) reads 0/0 in α: clamped only when there is one
+    # (two operations an iteration); a residual that reaches exactly 0 before the others gives
+    # a NaN, and the system goes to the configured solver
+    safe = not float(rr.min()) > 0.0
+    tiny = torch.finfo(v.dtype).tiny
+    bb = rr.clamp_min(tiny)
+    target = CG_TARGET * cfg.tol
+    hist: list[torch.Tensor] = []  # ||r_k||² / ||b||² per iteration, (B,) each
+    k = 0
+    while k < cfg.max_iter:
+        k += 1
+        ap = torch.addcmul(p, s, inner(s * p), value=-1.0)  # (I − S L S) p
+        pap = vecdot(p, ap, dim=1)
+        if safe:
+            pap.clamp_min_(tiny)
+        alpha = (rr / pap).unsqueeze_(1)
+        h.addcmul_(alpha, p)
+        r.addcmul_(alpha, ap, value=-1.0)
+        rr_new = vecdot(r, r, dim=1)
+        q = rr_new / bb
+        hist.append(q)
+        top = float(q.max())
+        if not math.isfinite(top):
+            return None
+        if top <= target * target:
+            g = inner.plus(s * h, v)
+            tg = jt.plus(g, v)  # T(g) = Jᵀg + v
+            exact = exact_rel_residual(tg - g, tg)  # the fixed-point residual, exactly
+            conv = exact <= cfg.tol  # False for NaN: non-finite and unconverged in one test
+            if bool(conv.all()):
+                res = torch.stack(hist, 1).sqrt_()  # ||r_k|| / ||b|| per sample, (B, k)
+                it = torch.full((g.shape[0],), k, dtype=torch.long, device=g.device)
+                return g, SolverStats("cg", res, it, conv, cfg.tol,
+                                      returned_residual=exact.to(g.dtype), all_converged=True)
+            target *= 0.1  # the recurrence's residual ran ahead of the true one: go on
+            if target < tiny:
+                return None
+        if safe:
+            rr.clamp_min_(tiny)
+        p = torch.addcmul(r, (rr_new / rr).unsqueeze_(1), p)
+        rr = rr_new
+    return None
 
 
 class _Solved:
@@ -378,9 +479,13 @@ def _output(ctx: Any, z: torch.Tensor, problem: FixedPointProblem,
 def _refuse_batched(v: torch.Tensor) -> None:
     """:func:`_refuse_batched_backward` when the cotangent is batched or a functorch transform
     is active."""
-    if torch._C._functorch.is_legacy_batchedtensor(v) \
-            or torch._C._are_functorch_transforms_active():
+    if _is_batched(v) or _transforms_active():
         _refuse_batched_backward()
+
+
+_is_batched = torch._C._functorch.is_legacy_batchedtensor
+_transforms_active = torch._C._are_functorch_transforms_active
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 class _ImplicitFixedPoint(torch.autograd.Function):
@@ -463,7 +568,8 @@ class _PlannedFixedPoint(torch.autograd.Function):
         needs = ctx.needs_input_grad[1:]
         if not any(needs):
             return (None, *([None] * len(held)))
-        _refuse_batched(v)
+        if _is_batched(v) or _transforms_active():  # (_refuse_batched's test, inline)
+            _refuse_batched_backward()
         if torch.is_grad_enabled():  # create_graph=True: T as the plan's evaluation
             return (None, *_differentiable_grads(problem, z, v, held, needs))
         z = z.detach()  # (an alias without the output's grad_fn: no cycle through the plan)

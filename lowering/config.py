@@ -147,20 +147,27 @@ class ModuleConfig:
             raise OptionError(f"dtype={self.dtype!r} is not a floating dtype",
                               term="torch_module")
 
+    def adjoint_settings(self) -> tuple[str, float, int]:
+        """``(solver, tol, max_iter)`` of the adjoint fixed point: the backward's where set, else
+        the forward's (one call: the module reads them on every call)."""
+        b, f = self.backward, self.forward
+        return (b.solver or f.solver, float(b.tol if b.tol is not None else f.tol),
+                int(b.max_iter or f.max_iter))
+
     @property
     def adjoint_solver(self) -> str:
         """Solver of the adjoint fixed point (the backward's, else the forward's)."""
-        return self.backward.solver or self.forward.solver
+        return self.adjoint_settings()[0]
 
     @property
     def adjoint_tol(self) -> float:
         """Tolerance of the adjoint fixed point (the backward's, else the forward's)."""
-        return float(self.backward.tol if self.backward.tol is not None else self.forward.tol)
+        return self.adjoint_settings()[1]
 
     @property
     def adjoint_max_iter(self) -> int:
         """Iteration cap of the adjoint fixed point (the backward's, else the forward's)."""
-        return int(self.backward.max_iter or self.forward.max_iter)
+        return self.adjoint_settings()[2]
 
 
 #: flat keyword → (group, field) of :class:`ModuleConfig`

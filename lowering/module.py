@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import time
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -34,13 +35,21 @@ from convex_eq.errors import (
 from convex_eq.symbols import Symbol
 
 from ._compile import compile_disabled
-from .backward import AdjointConfig, FixedPointProblem, get_backward
+from .backward import (
+    BACKWARD_STRATEGIES,
+    AdjointConfig,
+    BackwardStrategy,
+    FixedPointProblem,
+    get_backward,
+)
 from .config import ModuleConfig, build_config
 from .nodes import broadcast_batch, partial_evaluation
 from .plan import Plan, PlanContext, Root
 from .sam import sam_iterate
 from .scalars import LearnableScalar, check_learnable
 from .solvers import (
+    _COMPILED,
+    SOLVERS,
     CompiledSteps,
     SolverStats,
     Tracker,
@@ -105,7 +114,6 @@ class EquilibriumModule(nn.Module):
                               "independent; this objective couples the batch (its T changes "
                               "when samples are removed)", term="torch_module",
                               hint="use on_nonconvergence='raise' or 'warn'")
-        self._strategy = get_backward(cfg.backward.mode)
         dtype = cfg.dtype
         self.weights = nn.ParameterDict()
         #: declared shapes, checked in env() (a wrongly shaped tensor put into ``weights`` or a
@@ -329,7 +337,8 @@ class EquilibriumModule(nn.Module):
 
     def _env(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """:meth:`env` from the weights as :meth:`_weight_values` gives them."""
-        env = self._raw_env(weights)
+        env = self._raw_env(weights) if self._const_names or self._scalar_names \
+            or self._scalar_maps else dict(weights)  # (_raw_env's whole work then, inline)
         for n, t in env.items():
             want = self._shapes.get(n)
             if want is not None and tuple(t.shape) != want:
@@ -464,6 +473,9 @@ class EquilibriumModule(nn.Module):
         True only while tracing, and the traced code keeps it): the solve itself stays a graph
         break, and its plain iterations run ``compile_steps`` at a time in one compiled call
         (docs/guide.md, torch.compile).  Eager calls never take it."""
+        if "torch._dynamo" not in sys.modules and type(self)._forward is _FORWARD_CALL:
+            # no compiler loaded: nothing to trace, nothing to disable (two calls fewer, cold)
+            return _FORWARD(self, x, z0, return_stats, 0)
         if torch.compiler.is_compiling():
             steps = getattr(self.config, "compile_steps", 0)
             disabled = getattr(type(self)._forward, "disabled", None)  # (None: not made yet)
@@ -521,18 +533,22 @@ class EquilibriumModule(nn.Module):
                 "torch.func.functional_call works")
         # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
         # so that a call that raises never leaves an earlier call's statistics behind
-        self.__dict__["last_stats"] = None
-        weights = self._weight_values()
-        out_dtype = self._dtype_from(weights)
+        d = self.__dict__
+        d["last_stats"] = None
+        # (_weight_values and the first weight's dtype, inline: this is every call's entry)
+        w = d["_modules"]["weights"]
+        weights = w._parameters if type(w) is nn.ParameterDict else dict(w.items())
+        ref = next(iter(weights.values()), None)
+        out_dtype = ref.dtype if ref is not None else self._dtype_from(weights)
         env = None
         if not steps and z0 is None and type(x) is torch.Tensor and x.dtype == out_dtype \
                 and x.layout == torch.strided and not x.is_nested \
                 and x.ndim == 2 and x.shape[0] and x.shape[1] == self._express_width() \
                 and out_dtype not in HALF and torch.autograd.forward_ad._current_level < 0 \
-                and not compiled_steps_set():
+                and _COMPILED.get() is None:
             # (a disabled region already: env()'s own wrapper is not needed; an env set on the
             # instance, e.g. a test substituting a weight, is honoured)
-            env = self._env(weights) if "env" not in self.__dict__ else self.env()
+            env = self._env(weights) if "env" not in d else self.env()
             out = self._express(x, env, return_stats)
             if out is not None:
                 return out
@@ -615,38 +631,51 @@ class EquilibriumModule(nn.Module):
         the implicit strategy differentiates the plan in closed form).  None when the input
         has NaN/Inf or the layer has no plan: nothing was solved, and the general path (which
         reports or masks those samples) takes the call with the same ``env``."""
-        with grad_off():  # one reduction: a finite norm means finite entries
+        on = torch.is_grad_enabled()  # (grad_off's work inline: every call's first step)
+        if on:
+            _set_grad_enabled(False)
+        try:  # one reduction: a finite norm means finite entries
             finite = math.isfinite(float(torch.linalg.vector_norm(x)))
+        finally:
+            if on:
+                _set_grad_enabled(True)
         if not finite:
             return None
+        d = self.__dict__
         b = x.shape[0]
-        z0 = torch.zeros(b, self.__dict__.get("_state_size") or self.state_size,
-                         dtype=x.dtype, device=x.device)
+        z0 = torch.zeros(b, d.get("_state_size") or self.state_size, dtype=x.dtype,
+                         device=x.device)
         name = self.input_syms[0].name
         plan = None
-        misses = self.__dict__.get("_held_misses")
-        if self.config.backward.mode == "implicit" and torch.is_grad_enabled() \
-                and (misses is None or b not in misses) \
+        misses = d.get("_held_misses")
+        cfg = self.config
+        bc = cfg.backward
+        if bc.mode == "implicit" and on and (misses is None or b not in misses) \
                 and (x.requires_grad or any(t.requires_grad for t in env.values())):
             plan = self._plan_held(name, x, env, z0)
-            if plan is None and not self.__dict__.get("_plannable", True):
+            if plan is None and not d.get("_plannable", True):
                 return None
         if plan is None:
             return self._express_leaves(x, env, z0, name, return_stats)
-        fc = self.config.forward
-        with grad_off():
-            z_star, stats = get_solver(fc.solver)(plan.fn, z0, tol=fc.tol,
-                                                  max_iter=fc.max_iter, **fc.options)
+        fc = cfg.forward
+        solve = SOLVERS.get(fc.solver) or get_solver(fc.solver)  # (the latter: a typed error)
+        if on:
+            _set_grad_enabled(False)
+        try:
+            z_star, stats = solve(plan.fn, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)
+        finally:
+            if on:
+                _set_grad_enabled(True)
         image = stats.__dict__.pop("image", None)  # (not kept by last_stats)
         if not stats.all_converged:  # judged, masked or warned as any other call
             return self._finish(z_star, stats, z0, None, None, self._t_fn([name], list(env)),
                                 [x, *env.values()], 1, {name: x}, env, None, b, x.dtype,
                                 return_stats)
-        self.__dict__["last_stats"] = stats
+        d["last_stats"] = stats
         problem = FixedPointProblem(plan.eval_with, list(plan.held),
                                     self._adjoint_config(None, None), self._backward_sink, plan,
                                     None, True, image)
-        z = self._strategy.attach(problem, z_star, z0, self.config.backward)
+        z = _strategy(bc.mode).attach(problem, z_star, z0, bc)
         return (z, stats) if return_stats else z
 
     def _plan_held(self, name: str, x: torch.Tensor, env: dict[str, torch.Tensor],
@@ -882,15 +911,14 @@ class EquilibriumModule(nn.Module):
         problem = FixedPointProblem(fn, tensors, adj, sink)
         if planned is not None and planned[1]:  # built with autograd from leaf copies
             problem.plan, problem.leaves = planned
-        return self._strategy.attach(problem, z_star, z0, cfg.backward)
+        return _strategy(cfg.backward.mode).attach(problem, z_star, z0, cfg.backward)
 
     def _adjoint_config(self, steps: CompiledSteps | None, rows: torch.Tensor | None
                         ) -> AdjointConfig:
         """How this module's adjoint fixed points are solved (``rows``: the batch index of
         each row of a subset, None for the whole batch)."""
         cfg = self.config
-        return AdjointConfig(cfg.adjoint_solver, cfg.adjoint_tol, cfg.adjoint_max_iter,
-                             cfg.on_nonconvergence, cfg.backward.adjoint,
+        return AdjointConfig(*cfg.adjoint_settings(), cfg.on_nonconvergence, cfg.backward.adjoint,
                              not self._batch_coupled, steps, rows)
 
     def _backward_sink(self, st: SolverStats) -> None:
@@ -1099,6 +1127,19 @@ def _spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
         ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype, device=dev)
         ret[rows] = stats.returned_residual
     return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
+
+
+#: :meth:`EquilibriumModule._forward` itself, called while ``torch._dynamo`` is not loaded (its
+#: ``compile_disabled`` wrapper then runs it as is)
+_FORWARD_CALL = EquilibriumModule._forward
+_FORWARD = _FORWARD_CALL.__wrapped__
+_set_grad_enabled = torch._C._set_grad_enabled
+
+
+def _strategy(mode: str) -> BackwardStrategy:
+    """The registered backward strategy ``mode`` (``config.backward.mode``, read on every call:
+    the config is mutable in place)."""
+    return BACKWARD_STRATEGIES.get(mode) or get_backward(mode)  # (the latter: a typed error)
 
 
 def _batch_coupled(derived: DerivedLayer) -> bool:

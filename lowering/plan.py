@@ -51,6 +51,18 @@ class Transpose:
         ``Jᵀ`` is only known as a map."""
         return None
 
+    #: whether this map is its own adjoint (``⟨Lu, v⟩ = ⟨u, Lv⟩`` per sample), known by
+    #: construction (a Gram matrix, the identity): what :meth:`symmetric_split` asks of the map
+    #: after a diagonal
+    self_adjoint = False
+
+    def symmetric_split(self) -> tuple[torch.Tensor, Transpose] | None:
+        """``(d, L)`` with ``Jᵀv = L(d ⊙ v)``, ``L`` self-adjoint, when this ``Jᵀ`` has that form
+        (the adjoint system ``g = v + L(d ⊙ g)`` is then symmetric after the change of
+        variables ``h = √d ⊙ g``, for ``d ≥ 0``: conjugate gradients apply,
+        lowering/backward.py, docs/theory.md §8); None otherwise."""
+        return None
+
 
 #: ``v ↦ Jᵀv``; ``None`` stands for the zero map
 Lin = Transpose | None
@@ -65,6 +77,8 @@ def _join(a: Pairs, b: Pairs) -> Pairs:
 class IdentityT(Transpose):
     """``Jᵀ = I``."""
 
+    self_adjoint = True
+
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return v
 
@@ -73,10 +87,12 @@ class IdentityT(Transpose):
 
 
 class MatrixT(Transpose):
-    """``Jᵀv = v Mᵀ`` (batched rows)."""
+    """``Jᵀv = v Mᵀ`` (batched rows); ``symmetric``: ``Mᵀ = M`` by construction (a Gram
+    matrix), so the map is self-adjoint."""
 
-    def __init__(self, mt: torch.Tensor):
+    def __init__(self, mt: torch.Tensor, symmetric: bool = False):
         self.mt = mt
+        self.self_adjoint = symmetric
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return v @ self.mt
@@ -104,10 +120,12 @@ class MatrixT(Transpose):
 
 
 class FunctionT(Transpose):
-    """``Jᵀ`` given as a function."""
+    """``Jᵀ`` given as a function (``self_adjoint``: known to be its own adjoint, e.g. the
+    ``c·Aᵀ(A·)`` of a Gram term applied without forming ``AᵀA``)."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], self_adjoint: bool = False):
         self.fn = fn
+        self.self_adjoint = self_adjoint
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return self.fn(v)
@@ -132,6 +150,9 @@ class DiagonalThenT(Transpose):
         inner = self.inner.blocks(like)
         return None if inner is None else inner * self.d[:, None, :]  # L_inner · diag(d_b)
 
+    def symmetric_split(self) -> tuple[torch.Tensor, Transpose] | None:
+        return (self.d, self.inner) if self.inner.self_adjoint else None
+
 
 class ComposeT(Transpose):
     """``(J_out J_in)ᵀ v = J_inᵀ(J_outᵀ v)``."""
@@ -155,6 +176,10 @@ class SumT(Transpose):
 
     def __init__(self, parts: list[tuple[Any, Transpose]]):
         self.parts = parts
+        # real scalar coefficients of self-adjoint maps sum to a self-adjoint map
+        self.self_adjoint = all(jt.self_adjoint and (isinstance(c, (int, float)) or (
+            isinstance(c, torch.Tensor) and c.ndim == 0 and not c.is_complex()))
+            for c, jt in parts)
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return weighted_sum(self.parts, v)
@@ -281,8 +306,12 @@ class Matrix:
         m = _const(self.m)
         return m if self.symmetric else m.T
 
+    def transpose_map(self) -> MatrixT:
+        """``v ↦ v Mᵀ`` (self-adjoint when ``M`` is symmetric by construction)."""
+        return MatrixT(self.transposed(), self.symmetric)
+
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
-        return z @ self.m, MatrixT(self.transposed())
+        return z @ self.m, self.transpose_map()
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         return [(self.m, z.T @ g)] if self.m.requires_grad else []  # ∂<g, zM>/∂M
@@ -298,7 +327,7 @@ class SelfAdjoint:
         return self.apply(z)
 
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
-        return self.apply(z), FunctionT(self.apply)
+        return self.apply(z), FunctionT(self.apply, self_adjoint=True)
 
     def param_vjp(self, z: torch.Tensor, g: torch.Tensor) -> Pairs:
         return None  # the weights sit inside the function: autograd
@@ -445,7 +474,7 @@ class AffineElementwise:
         if value and (out is None or (torch.is_grad_enabled() and p.requires_grad)):
             out = self.f(p)  # (with autograd on: the graph to the weights and inputs)
         self._point = (z, d)
-        return out, DiagonalThenT(d, MatrixT(self.mat.transposed()))
+        return out, DiagonalThenT(d, self.mat.transpose_map())
 
     # --- the held-tensor protocol of the express call (lowering/backward.py, _PlannedFixedPoint):
     # the plan's state-free tensors are the autograd inputs, differentiated in closed form
@@ -469,7 +498,7 @@ class AffineElementwise:
             d = dv(image)
         else:
             d = self._derivative(torch.addmm(self.c, z, self.m))[1]
-        return DiagonalThenT(d, MatrixT(self.mat.transposed())), d
+        return DiagonalThenT(d, self.mat.transpose_map()), d
 
     def held_vjp(self, z: torch.Tensor, g: torch.Tensor, d: torch.Tensor,
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:
@@ -555,7 +584,7 @@ class Sum:
     def linearize(self, z: torch.Tensor, value: bool = True) -> tuple[Any, Lin]:
         if self.affine is not None:  # c + zM: one addmm, Jᵀv = v Mᵀ
             c, mat = self.affine
-            return torch.addmm(c, z, mat.m), MatrixT(mat.transposed())
+            return torch.addmm(c, z, mat.m), mat.transpose_map()
         out, jts = None, []
         for c, p in self.parts:
             v, jt = p.linearize(z)

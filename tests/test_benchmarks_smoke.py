@@ -97,8 +97,10 @@ def test_json_is_complete(quick_run: tuple[int, Path]) -> None:
     # ~2e-6); a torchdeq side on another layer or other weights differs by O(0.1) or more
     assert tr["first_loss_diff"] < 1e-2
     # quick mode has no B = 256 cell: the nine targets (the compiled-module one included)
-    # without the B = 256 one
-    assert len(data["targets"]) == 9
+    # without the B = 256 one, and the grid's information row (module plain / hand plain)
+    assert len(data["targets"]) == 10
+    assert sum(t["met"] is None and t["target"].startswith("(information)")
+               for t in data["targets"]) == 1
     assert any("torch.compile" in t["target"] for t in data["targets"])
     for t in data["targets"]:
         assert t["met"] in (True, False, None)

@@ -45,8 +45,11 @@ def test_auto_switches_a_tanh_layers_slowing_adjoint_solve() -> None:
     Tolerance: float64 solves of a 32-wide state; rounding moves the residuals by ~1e-14
     relative, against a 5 % margin of the switching test and ≥ 10 % below the budget for the
     rule without the re-measure; ``< 50`` separates 31 from 67."""
+    # (backward_adjoint="iterative": the adjoint by the solver ``auto`` whose rule this tests;
+    # the default method takes conjugate gradients on this symmetric system, 13 iterations)
     mod = lowering.lower(opteq(n=32, m=32, d=32, activation="tanh", weight_norm=0.99, seed=3)
-                         ).torch_module(dtype=F64, tol=1e-4, max_iter=100, weight_control=None)
+                         ).torch_module(dtype=F64, tol=1e-4, max_iter=100, weight_control=None,
+                                        backward_adjoint="iterative")
     x = (0.2 * torch.randn(32, 32, generator=torch.Generator().manual_seed(0))).to(F64)
     z = mod(x.requires_grad_())
     (z * torch.linspace(-1, 1, 32, dtype=F64)).sum().backward()
