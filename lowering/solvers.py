@@ -1097,10 +1097,117 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     accumulation dtype (float64 for float32/16 states: in float32 the Gram matrix squares the
     round-off and the mixing stalls near a relative residual of 1e-4); ridge ``lam·tr(G)/n``.
     Safeguard: when the worst sample's best residual has not improved for ``restart``
-    iterations (default ``2m``), the history is cleared and the next step is a plain one."""
+    iterations (default ``2m``), the history is cleared and the next step is a plain one.
+    After ``ANDERSON_FRUITLESS`` such restarts in a row that gain nothing (a stall: on a slow
+    contraction Anderson can stay far from the fixed point where plain iteration converges),
+    the solve alternates checked phases of plain iteration with Anderson trials
+    (:class:`_StallGuard`, docs/theory.md §8); a solve without such a stall runs as without
+    it, bit for bit."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver anderson")
     return _anderson(f, z0, Tracker("anderson", z0, tol), max_iter, m, beta, lam, restart)
+
+
+#: Anderson's stall guard (:class:`_StallGuard`) starts after this many restarts in a row that
+#: gain nothing: each one's best worst residual since the restart before stays above
+#: ``ANDERSON_GAIN`` times the best of those since the last restart that did gain (not only the
+#: one before: a stall that alternates between two levels gains 2× every other restart)
+ANDERSON_FRUITLESS = 3
+ANDERSON_GAIN = 0.5
+#: in a plain phase, an unconverged sample whose ``||f(z) − z||`` exceeds this factor times its
+#: value at the phase's start is given up (it takes Anderson steps from then on): plain iteration
+#: does not shrink its residual there (on a contraction in the 2-norm the residual never grows;
+#: where plain iteration diverges it grows geometrically).  32: room for the transient of a
+#: non-normal map whose plain iteration converges, e.g. ``0.9·I + 0.12·S`` (S the shift), whose
+#: powers peak at 16.6 (with 4 its samples were given up and Anderson stalled there again)
+ANDERSON_PLAIN_GROWTH = 32.0
+#: an Anderson trial wins for a sample whose best ``||f(z) − z||`` in it falls below this factor
+#: times the value plain iteration would have reached at the rate the phase before measured
+ANDERSON_TRIAL_GAIN = 0.5
+
+
+class _StallGuard:
+    """Anderson after a stall (docs/theory.md §8): phases of plain iteration, each followed by an
+    Anderson trial of ``span`` iterations from where the phase ended (its history: the phase's
+    last steps), judged per sample at its end.  A sample that took plain steps in the phase
+    wins its trial where the trial's best ``||f(z) − z||`` beat ``ANDERSON_TRIAL_GAIN`` times
+    the value the phase's plain rate predicts; a sample that took Anderson steps, where the
+    trial's best beat ``ANDERSON_TRIAL_GAIN`` times its value at the trial's start; a sample
+    that has met ``tol`` wins.  Losers take plain steps in the next phase, twice as long: from
+    the phase's last iterate where they took plain steps (the trial is discarded for them), from
+    the trial's best iterate otherwise; winners go on with Anderson.  When every sample won, the
+    phases end and the solve goes on as plain Anderson (its next stall starts a phase again).
+
+    Each phase checks that plain steps do not make things worse: an unconverged sample whose
+    ``||f(z) − z||`` grows past ``ANDERSON_PLAIN_GROWTH`` times its value at the phase's start
+    is given up (plain iteration diverges there): it takes Anderson steps for the rest of the
+    solve.  When every unconverged sample has been given up, the guard ends for good (Anderson
+    goes on with its restarts alone).
+
+    Residuals here are ``||f(z) − z||²`` per sample, the Gram matrix's new diagonal entry (no
+    extra reduction); the work (a few ``(B, 1)`` comparisons and selections per iteration, one
+    host synchronisation per phase) is only done once a stall has been detected."""
+
+    __slots__ = ("best", "best_f", "dead", "gaveup", "left", "phase", "plain", "plain_len", "ref",
+                 "rp", "span", "thr", "tol", "zp_f")
+
+    def __init__(self, span: int, tol: float):
+        self.span, self.tol = span, tol
+        self.plain_len = span // 2  # doubled by each phase: the first one is ``span`` long
+        self.phase: str | None = None  # "plain", "trial", or None (plain Anderson)
+        self.dead = False  # every unconverged sample was given up: no more phases
+        self.gaveup: torch.Tensor | None = None  # (B, 1): plain iteration diverges there
+
+    def start(self, r2: torch.Tensor) -> None:
+        """A plain phase from the current iterate (``r2``: its ``||f(z) − z||²``) for every
+        sample not given up."""
+        if self.gaveup is None:
+            self.gaveup = torch.zeros_like(r2, dtype=torch.bool)
+        self.plain_len *= 2
+        self.phase, self.left = "plain", self.plain_len
+        self.plain, self.ref = ~self.gaveup, r2
+
+    def step(self, fz: torch.Tensor, r2: torch.Tensor, z_aa: torch.Tensor, rel: torch.Tensor
+             ) -> torch.Tensor | None:
+        """The next iterate after the recorded one (``fz`` its image, ``r2`` its
+        ``||f(z) − z||²``, ``rel`` its relative residual ``(B, 1)``; ``z_aa`` the Anderson
+        step), or None where the guard's phases end (Anderson goes on: take ``z_aa``)."""
+        self.left -= 1
+        active = rel > self.tol  # (a converged sample's residual may wander at round-off)
+        if self.phase == "plain":
+            grew = self.plain & active & ~(r2 <= ANDERSON_PLAIN_GROWTH ** 2 * self.ref)  # NaN too
+            self.gaveup = self.gaveup | grew  # type: ignore[operator]
+            self.plain = self.plain & ~grew
+            if self.left > 0:
+                return torch.where(self.plain, fz, z_aa)
+            if not bool((active & ~self.gaveup).any()):  # type: ignore[operator]
+                self.phase, self.dead = None, True
+                return None
+            # the trial: plain samples against what plain iteration would reach in ``span``
+            # more at this phase's rate, Anderson samples against their residual now
+            rate = (r2 / self.ref).clamp(max=1.0) ** (self.span / self.plain_len)
+            self.thr = ANDERSON_TRIAL_GAIN ** 2 * r2 * torch.where(self.plain, rate, 1.0)
+            self.zp_f, self.rp = fz, r2
+            self.best, self.best_f = torch.full_like(r2, math.inf), fz
+            self.phase, self.left = "trial", self.span
+            return z_aa
+        better = r2 < self.best
+        self.best = torch.where(better, r2, self.best)
+        self.best_f = torch.where(better, fz, self.best_f)
+        if self.left > 0:
+            return z_aa
+        lost = active & ~self.gaveup & ~(self.best < self.thr)  # type: ignore[operator]
+        if not bool(lost.any()):
+            self.phase = None
+            return None
+        # a longer plain phase for the losers: from the phase's last iterate where they took
+        # plain steps, from the trial's best one where they took Anderson steps
+        was = self.plain
+        self.plain_len *= 2
+        self.phase, self.left = "plain", self.plain_len
+        self.plain = lost
+        self.ref = torch.where(was, self.rp, self.best)
+        return torch.where(lost, torch.where(was, self.zp_f, self.best_f), z_aa)
 
 
 def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: float,
@@ -1125,6 +1232,9 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
     filled = 0  # number of valid history slots
     slot = 0
     best_worst, stale = float("inf"), 0
+    # restarts in a row that gained nothing, and the best worst residual since the last that did
+    fruitless, fruitful = 0, float("inf")
+    guard: _StallGuard | None = None  # made at a stall (ANDERSON_FRUITLESS)
     for _ in range(max_iter):
         fx = f(x)
         g = fx - x
@@ -1141,23 +1251,34 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         row = (G[:, :filled] * G[:, slot, None, :]).sum(-1)  # (b, filled)
         GG[:, slot, :filled] = row
         GG[:, :filled, slot] = row
-        worst = tr.top  # this run's progress (a continued solve may have a better past)
-        if worst < 0.999 * best_worst:
-            best_worst, stale = worst, 0
-        else:
-            stale += 1
-        if stale >= restart and filled > 1:  # stalled: clear the history, take a plain step
-            if X is not None:
-                X[:, 0] = x
-            Fh[:, 0], G[:, 0] = fx, g
-            GG[:, 0, 0] = (g * g).sum(-1)
-            filled, slot, stale = 1, 0, 0
-            best_worst = worst
-            x = fx
-            slot = 1 % m
-            continue
+        if guard is None or guard.phase is None:  # (in a guard's phase: its own tests)
+            worst = tr.top  # this run's progress (a continued solve may have a better past)
+            if worst < 0.999 * best_worst:
+                best_worst, stale = worst, 0
+            else:
+                stale += 1
+            if stale >= restart and filled > 1:  # stalled: clear the history, take a plain step
+                # a restart that gained nothing: the best since the restart before is not below
+                # ANDERSON_GAIN times the best since the last one that did
+                if best_worst < ANDERSON_GAIN * fruitful:
+                    fruitless, fruitful = 0, best_worst
+                else:
+                    fruitless, fruitful = fruitless + 1, min(fruitful, best_worst)
+                if guard is None and fruitless >= ANDERSON_FRUITLESS:
+                    guard = _StallGuard(2 * m, tr.tol)
+                if guard is not None and not guard.dead:  # a plain phase from here
+                    guard.start(row[:, slot, None])
+                if X is not None:
+                    X[:, 0] = x
+                Fh[:, 0], G[:, 0] = fx, g
+                GG[:, 0, 0] = (g * g).sum(-1)
+                filled, slot, stale = 1, 0, 0
+                best_worst = worst
+                x = fx
+                slot = 1 % m
+                continue
         slot = (slot + 1) % m
-        if filled == 1:
+        if filled == 1:  # (never in a guard's phase: one starts at a restart, filled 1 → 2)
             x = fx if beta == 1.0 else beta * fx + (1 - beta) * x
             continue
         gg = GG[:, :filled, :filled]
@@ -1178,6 +1299,14 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
                  else (a[:, :, None] * Fh[:, :filled]).sum(1))
         if X is not None:
             x_new = beta * x_new + (1 - beta) * (a[:, None] @ X[:, :filled])[:, 0]
+        if guard is not None and guard.phase is not None:
+            # the slot just written, (slot − 1) mod m: its Gram entry is ||f(x) − x||²
+            last = (slot - 1) % m
+            nxt = guard.step(fx, GG[:, last, last, None], x_new, tr.hist[-1])
+            if nxt is None:  # the phases ended: Anderson goes on, its stall test afresh
+                best_worst, stale = tr.top, 0
+            else:
+                x_new = nxt
         x = x_new
     return tr.best, tr.stats()
 
