@@ -373,11 +373,12 @@ def _cg_adjoint(d: torch.Tensor, inner: Any, jt: Callable[[torch.Tensor], torch.
     and positive definite where ``Jᵀ`` contracts; then ``g = v + L(s ⊙ h)``.  About a third of
     the plain iterations of a well-contracting layer (each about twice the work;
     docs/theory.md §8).  The returned ``g`` is checked with the true map ``jt`` (relative
-    residual ``||v + Jᵀg − g|| / ||g||`` ≤ ``tol``, norms accumulated in float64 for
-    float32/16); None when that check fails within ``max_iter`` iterations, or on a breakdown
-    or non-finite value (an indefinite system, a NaN cotangent): the caller then iterates with
-    the configured solver.  ``residuals`` hold the recurrence's ``||r_k|| / ||s ⊙ v||`` per
-    iteration."""
+    residual ``||T(g) − g|| / ||T(g)||`` ≤ ``tol`` with ``T(g) = Jᵀg + v``, as the fixed-point
+    solvers measure it, norms accumulated in float64 for float32/16); None when that check
+    fails within ``max_iter`` iterations or stops improving, or on a non-finite value (an
+    indefinite system, a NaN cotangent, a negative ``d``): the caller then iterates with the
+    configured solver.  ``residuals`` hold the recurrence's ``||r_k|| / ||s ⊙ v||`` per
+    iteration, and ``iterations`` each sample's first ``k`` where it met ``tol``."""
     on = torch.is_grad_enabled()
     if on:
         _set_grad_enabled(False)
@@ -399,22 +400,19 @@ def _cg_run(d: torch.Tensor, inner: Any, jt: Callable[[torch.Tensor], torch.Tens
     r = b.clone()
     p = b
     rr = vecdot(r, r, dim=1)  # (B,) squared norms
-    # a sample with b = 0 (h = 0 is exact) reads 0/0 in α: clamped only when there is one
-    # (two operations an iteration); a residual that reaches exactly 0 before the others gives
-    # a NaN, and the system goes to the configured solver
-    safe = not float(rr.min()) > 0.0
+    # clamped away from 0: a sample with b = 0 (h = 0 is exact), or one whose recurrence
+    # residual reaches exactly 0 before the others (finite termination: a ReLU sample with few
+    # active units, common in float32), would read 0/0 in α or β
     tiny = torch.finfo(v.dtype).tiny
     bb = rr.clamp_min(tiny)
     target = CG_TARGET * cfg.tol
+    checked = math.inf  # the worst checked residual of the last failed check
     hist: list[torch.Tensor] = []  # ||r_k||² / ||b||² per iteration, (B,) each
     k = 0
     while k < cfg.max_iter:
         k += 1
         ap = torch.addcmul(p, s, inner(s * p), value=-1.0)  # (I − S L S) p
-        pap = vecdot(p, ap, dim=1)
-        if safe:
-            pap.clamp_min_(tiny)
-        alpha = (rr / pap).unsqueeze_(1)
+        alpha = (rr / vecdot(p, ap, dim=1).clamp_min_(tiny)).unsqueeze_(1)
         h.addcmul_(alpha, p)
         r.addcmul_(alpha, ap, value=-1.0)
         rr_new = vecdot(r, r, dim=1)
@@ -430,15 +428,18 @@ def _cg_run(d: torch.Tensor, inner: Any, jt: Callable[[torch.Tensor], torch.Tens
             conv = exact <= cfg.tol  # False for NaN: non-finite and unconverged in one test
             if bool(conv.all()):
                 res = torch.stack(hist, 1).sqrt_()  # ||r_k|| / ||b|| per sample, (B, k)
-                it = torch.full((g.shape[0],), k, dtype=torch.long, device=g.device)
-                return g, SolverStats("cg", res, it, conv, cfg.tol,
+                # iterations: each sample's first k with ||r_k||/||b|| ≤ tol in that history
+                return g, SolverStats("cg", res, None, conv, cfg.tol,
                                       returned_residual=exact.to(g.dtype), all_converged=True)
-            target *= 0.1  # the recurrence's residual ran ahead of the true one: go on
-            if target < tiny:
+            # the recurrence's residual ran ahead of the true one: go on with a target ten
+            # times lower while that moves the checked residual (it stalls where round-off in
+            # the state's dtype, not the recurrence, limits it: the configured solver then)
+            worst = float(exact.max())
+            if not worst < 0.5 * checked:
                 return None
-        if safe:
-            rr.clamp_min_(tiny)
-        p = torch.addcmul(r, (rr_new / rr).unsqueeze_(1), p)
+            checked = worst
+            target *= 0.1
+        p = torch.addcmul(r, (rr_new / rr.clamp_min_(tiny)).unsqueeze_(1), p)
         rr = rr_new
     return None
 

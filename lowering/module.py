@@ -473,7 +473,8 @@ class EquilibriumModule(nn.Module):
         True only while tracing, and the traced code keeps it): the solve itself stays a graph
         break, and its plain iterations run ``compile_steps`` at a time in one compiled call
         (docs/guide.md, torch.compile).  Eager calls never take it."""
-        if "torch._dynamo" not in sys.modules and type(self)._forward is _FORWARD_CALL:
+        if "torch._dynamo" not in sys.modules and type(self)._forward is _FORWARD_CALL \
+                and "_forward" not in self.__dict__:  # (nor an instance's own, e.g. a spy)
             # no compiler loaded: nothing to trace, nothing to disable (two calls fewer, cold)
             return _FORWARD(self, x, z0, return_stats, 0)
         if torch.compiler.is_compiling():

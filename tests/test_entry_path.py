@@ -4,16 +4,22 @@ honoured, and grad mode is restored when a solve raises."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import lowering
 from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight
-from convex_eq.errors import ConvergenceError
+from convex_eq.errors import ConvergenceError, OptionError
 from lowering.module import EquilibriumModule
 
 T64 = torch.float64
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _layer(m: int = 12, n: int = 8, norm: float = 0.8, seed: int = 0) -> lowering.DerivedLayer:
@@ -74,14 +80,45 @@ def test_a_subclass_forward_is_honoured() -> None:
     assert seen == [4]
 
 
-def test_grad_mode_restored_when_the_solve_raises() -> None:
+@pytest.mark.parametrize("raises_in", ["solver", "after"])
+def test_grad_mode_restored_when_the_solve_raises(raises_in: str) -> None:
+    """Inside the solver (an option it refuses: raised in the region where gradients are off)
+    and after it (an unconverged solve judged on return)."""
     d = _layer(norm=0.95)
-    mod = d.torch_module(weight_control=None, dtype=T64, tol=1e-14, max_iter=2)
+    if raises_in == "solver":
+        mod = d.torch_module(weight_control=None, dtype=T64, solver="anderson",
+                             solver_options={"m": 0})
+        err: type = OptionError
+    else:
+        mod = d.torch_module(weight_control=None, dtype=T64, tol=1e-14, max_iter=2)
+        err = ConvergenceError
     x = torch.randn(6, 8, dtype=T64, requires_grad=True)
     assert torch.is_grad_enabled()
-    with pytest.raises(ConvergenceError):
+    with pytest.raises(err):
         mod(x)
     assert torch.is_grad_enabled()
+
+
+def test_the_entry_without_dynamo_honours_subclasses() -> None:
+    """The call entry's direct path (taken while ``torch._dynamo`` is not loaded, which this
+    test process may have loaded already: a fresh interpreter) runs a subclass's ``_forward``."""
+    code = textwrap.dedent("""
+        import sys, torch
+        from lowering.module import EquilibriumModule
+        from tests.test_entry_path import _layer
+        seen = []
+        class Logged(EquilibriumModule):
+            def _forward(self, x, z0, return_stats, steps):
+                seen.append(x.shape[0])
+                return super()._forward(x, z0, return_stats, steps)
+        Logged(_layer(), weight_control=None, dtype=torch.float64)(
+            torch.randn(4, 8, dtype=torch.float64))
+        print("torch._dynamo" in sys.modules, seen)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "[4]"], r.stdout
 
 
 def test_adjoint_settings_match_the_properties() -> None:
