@@ -1165,10 +1165,10 @@ class _StallGuard:
             self.gaveup = torch.zeros_like(r2, dtype=torch.bool)
         self.plain_len *= 2
         self.phase, self.left = "plain", self.plain_len
-        self.plain, self.ref = ~self.gaveup, r2
+        self.plain, self.ref = ~self.gaveup, r2.clone()  # (r2: a view of the Gram matrix)
 
-    def step(self, fz: torch.Tensor, r2: torch.Tensor, z_aa: torch.Tensor, rel: torch.Tensor
-             ) -> torch.Tensor | None:
+    def step(self, fz: torch.Tensor, r2: torch.Tensor, z_aa: torch.Tensor, rel: torch.Tensor,
+             retired: torch.Tensor | None = None) -> torch.Tensor | None:
         """The next iterate after the recorded one (``fz`` its image, ``r2`` its
         ``||f(z) − z||²``, ``rel`` its relative residual ``(B, 1)``; ``z_aa`` the Anderson
         step), or None where the guard's phases end (Anderson goes on: take ``z_aa``)."""
@@ -1187,7 +1187,7 @@ class _StallGuard:
             # more at this phase's rate, Anderson samples against their residual now
             rate = (r2 / self.ref).clamp(max=1.0) ** (self.span / self.plain_len)
             self.thr = ANDERSON_TRIAL_GAIN ** 2 * r2 * torch.where(self.plain, rate, 1.0)
-            self.zp_f, self.rp = fz, r2
+            self.zp_f, self.rp = fz, r2.clone()  # (the trial rewrites the Gram slot r2 views)
             self.best, self.best_f = torch.full_like(r2, math.inf), fz
             self.phase, self.left = "trial", self.span
             return z_aa
@@ -1197,6 +1197,8 @@ class _StallGuard:
         if self.left > 0:
             return z_aa
         lost = active & ~self.gaveup & ~(self.best < self.thr)  # type: ignore[operator]
+        if retired is not None:  # rows the tracker found non-finite stay where they are: a
+            lost = lost & ~retired  # jump back to a finite point would contradict their flags
         if not bool(lost.any()):
             self.phase = None
             return None
@@ -1302,7 +1304,8 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         if guard is not None and guard.phase is not None:
             # the slot just written, (slot − 1) mod m: its Gram entry is ||f(x) − x||²
             last = (slot - 1) % m
-            nxt = guard.step(fx, GG[:, last, last, None], x_new, tr.hist[-1])
+            nxt = guard.step(fx, GG[:, last, last, None], x_new, tr.hist[-1],
+                             tr.nonfinite if tr._any_nonfinite else None)
             if nxt is None:  # the phases ended: Anderson goes on, its stall test afresh
                 best_worst, stale = tr.top, 0
             else:

@@ -50,11 +50,11 @@ def test_a_trial_loser_that_took_plain_steps_is_referenced_to_its_phase_end_resi
     class Spy(solvers._StallGuard):
         __slots__ = ("seen", "end")
 
-        def step(self, fz, r2, z_aa, rel):  # type: ignore[no-untyped-def]
+        def step(self, fz, r2, z_aa, rel, *rest):  # type: ignore[no-untyped-def]
             phase, was = self.phase, self.plain
             if phase == "plain":
                 self.seen = r2.clone()  # this iterate's ||f(z) − z||², as it is now
-            out = super().step(fz, r2, z_aa, rel)
+            out = super().step(fz, r2, z_aa, rel, *rest)
             if phase == "plain" and self.phase == "trial":
                 self.end = self.seen  # the phase-end residual the trial is judged against
             if phase == "trial" and self.phase == "plain":
@@ -87,9 +87,9 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
     hole: dict[str, object] = {}
 
     class Probe(solvers._StallGuard):
-        def step(self, fz, r2, z_aa, rel):  # type: ignore[no-untyped-def]
+        def step(self, fz, r2, z_aa, rel, *rest):  # type: ignore[no-untyped-def]
             phase = self.phase
-            out = super().step(fz, r2, z_aa, rel)
+            out = super().step(fz, r2, z_aa, rel, *rest)
             if phase == "plain" and self.phase == "trial" and "row" not in hole:
                 anderson_rows = (~self.plain & ~self.gaveup)[:, 0]
                 if bool(anderson_rows.any()):
