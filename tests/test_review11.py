@@ -24,22 +24,17 @@ import numpy as np
 import torch
 
 import lowering
-from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight
 from lowering.backward import AdjointConfig, _cg_adjoint
 from lowering.plan import DiagonalThenT, MatrixT
 from lowering.solvers import SolverStats
+from tests.test_entry_path import _layer as _entry_layer
 
 T64 = torch.float64
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _layer(m: int = 20, n: int = 10, norm: float = 0.9, seed: int = 0) -> lowering.DerivedLayer:
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((m, n))
-    w *= norm / np.linalg.norm(w, 2)
-    z, q = State("z", n), Input("q", n)
-    return lowering.lower(Objective([Potential("relu", z), SqNorm(z), -Linear(q, z),
-                                     -SqNorm(Weight("W", (m, n), w) @ z)], name="r11"))
+def _layer() -> lowering.DerivedLayer:
+    return _entry_layer(m=20, n=10, norm=0.9)
 
 
 def _exact_zero_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

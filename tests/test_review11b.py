@@ -48,7 +48,7 @@ def test_a_trial_loser_that_took_plain_steps_is_referenced_to_its_phase_end_resi
     judged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (phase-end r2, ref) of such losers
 
     class Spy(solvers._StallGuard):
-        __slots__ = ("seen", "end")
+        __slots__ = ("end", "seen")
 
         def step(self, fz, r2, z_aa, rel, *rest):  # type: ignore[no-untyped-def]
             phase, was = self.phase, self.plain
