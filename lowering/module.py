@@ -275,6 +275,7 @@ class EquilibriumModule(nn.Module):
         state = self.__dict__.copy()
         state.pop("_compiled", None)  # compiled functions: made again on first use
         state.pop("_express_spec", None)  # decided again on first use
+        state.pop("_held_builder", None)  # closures over the node tree: made again on use
         try:
             import pickle
 
@@ -686,11 +687,18 @@ class EquilibriumModule(nn.Module):
         ``_plannable`` turns False; a plan of another kind: the batch size joins
         ``_held_misses``, and later calls of that size plan with leaf copies directly — the
         node tree decides a plan's kind by the batch size, e.g. whether a Gram matrix pays)."""
-        if len(self.blocks) != 1 or not self.__dict__.get("_plannable", True):
+        d = self.__dict__
+        build = d.get("_held_builder")
+        if build:  # the node tree's builder of this plan (made below, on the first call)
+            plan = build({name: x}, env, z0)
+            if plan is not None and (plan.c.requires_grad or plan.m.requires_grad):
+                return plan
+        if len(self.blocks) != 1 or not d.get("_plannable", True):
             return None
         block = self.blocks[0].name
-        plan = self.derived.nodes[block].plan(PlanContext(block, {name: x}, env, z0.shape[0],
-                                                          z0))
+        ctx = PlanContext(block, {name: x}, env, z0.shape[0], z0)
+        node = self.derived.nodes[block]
+        plan = node.plan(ctx)
         if plan is None:
             self._plannable = False
             return None
@@ -698,11 +706,13 @@ class EquilibriumModule(nn.Module):
         # not reach T: the leaf path, whose output keeps a graph as on every other path)
         if not getattr(plan, "batch_shaped", False) or not hasattr(plan, "held") \
                 or not any(t.requires_grad for t in plan.held):
-            misses = self.__dict__.setdefault("_held_misses", set())
+            misses = d.setdefault("_held_misses", set())
             if len(misses) >= 64:  # (bounded: a stream of batch sizes)
                 misses.clear()
             misses.add(z0.shape[0])
             return None
+        if build is None:
+            d["_held_builder"] = _checked_builder(node.held_builder(ctx), plan, ctx)
         return plan
 
     def _express_leaves(self, x: torch.Tensor, env: dict[str, torch.Tensor],
@@ -1132,6 +1142,21 @@ def _spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
 
 #: :meth:`EquilibriumModule._forward` itself, called while ``torch._dynamo`` is not loaded (its
 #: ``compile_disabled`` wrapper then runs it as is)
+def _checked_builder(build: Any, plan: Any, ctx: PlanContext) -> Any:
+    """``build`` (a node tree's :meth:`~lowering.nodes.Node.held_builder`) when it rebuilds
+    ``plan`` — made by the general path at ``ctx`` — exactly: the same input tensor ``c`` or an
+    equal one, an equal ``M``, the same activation; else False (the general path is kept:
+    a builder that disagrees is a bug, never a different layer).  Checked once per module, on
+    the call that made ``plan``."""
+    if build is None:
+        return False
+    again = build(ctx.values, ctx.env, ctx.like)  # (in the call's grad mode: the same test)
+    same = again is not None and type(again) is type(plan) and again.f is plan.f \
+        and again.df is plan.df and again.df_of_value is plan.df_of_value \
+        and (again.c is plan.c or torch.equal(again.c, plan.c)) and torch.equal(again.m, plan.m)
+    return build if same else False
+
+
 _FORWARD_CALL = EquilibriumModule._forward
 _FORWARD = _FORWARD_CALL.__wrapped__
 _set_grad_enabled = torch._C._set_grad_enabled

@@ -7,7 +7,7 @@ A node evaluates on ``Z`` (dict block name → flat batched tensor, plus the inp
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -22,6 +22,10 @@ from convex_eq.terms.potential import act_latex as _sig
 from . import plan as pl
 
 Z_t = Mapping[str, torch.Tensor]
+#: ``(values, env, like) ↦`` a fused plan ``σ(c + zM)`` or None (:meth:`Node.held_builder`)
+HeldBuilder = Callable[[Z_t, Any, torch.Tensor], "pl.AffineElementwise | None"]
+#: ``(values, env, like) ↦ (c, M)`` or None (:meth:`Node.affine_builder`)
+AffineBuilder = Callable[[Z_t, Any, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
 
 #: active during a forward solve (``partial_evaluation()``): the parts of the terms' affine
 #: arguments that do not depend on the state (input injections ``U x + b``), computed once
@@ -84,6 +88,21 @@ class Node:
         parts computed now), or None when it has no plan (the general path is used)."""
         return None
 
+    def held_builder(self, ctx: pl.PlanContext) -> HeldBuilder | None:
+        """``(values, env, like) ↦`` the plan :meth:`plan` builds for those values when that
+        plan is the fused ``σ(c + zM)`` (:class:`~lowering.plan.AffineElementwise`), the same
+        tensors from the same operations, with this node's per-call analysis done once, here
+        (the express call re-plans with it: docs/theory.md §8, evaluation plans).  The builder
+        returns None for a call where :meth:`plan` would build another form.  None: no builder
+        (the general :meth:`plan` is used)."""
+        return None
+
+    def affine_builder(self, ctx: pl.PlanContext) -> AffineBuilder | None:
+        """``(values, env, like) ↦ (c, M)`` of the fused affine plan ``z ↦ c + zM`` that
+        :meth:`plan` builds for those values (None for a call where it builds another form);
+        None: no builder.  ``like``: the state's ``z0`` (its batch, dtype and device)."""
+        return None
+
     def text(self) -> str:
         return type(self).__name__
 
@@ -125,18 +144,39 @@ class Sigma(Node):
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         return self.act.sigma(self.inner.eval(Z, env))
 
-    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
-        inner = self.inner.plan(ctx)
-        if inner is None:
-            return None
+    def _act_ops(self) -> tuple[Any, ...]:
+        """``(act, σ, σ' or None, σ in place or None, σ' from σ's value or None)``: the
+        activation's torch ops, looked up once."""
         act = self.act
         ops = self.__dict__.get("_ops")
-        if ops is None or ops[0] is not act:  # the activation's torch ops, looked up once
+        if ops is None or ops[0] is not act:
             df = act.sigma_prime if getattr(act, "has_sigma_prime", False) else None
             ops = self.__dict__["_ops"] = (act, act.torch_sigma, df,
                                            getattr(act, "torch_sigma_", None),
                                            getattr(act, "sigma_prime_of_sigma", None))
+        return ops
+
+    def plan(self, ctx: pl.PlanContext) -> pl.Plan | None:
+        inner = self.inner.plan(ctx)
+        if inner is None:
+            return None
+        ops = self._act_ops()
         return pl.elementwise(ops[1], inner, ops[2], f_inplace=ops[3], df_of_value=ops[4])
+
+    def held_builder(self, ctx: pl.PlanContext) -> HeldBuilder | None:
+        """:meth:`plan`'s ``elementwise(σ, c + zM)`` (an :class:`~lowering.plan.AffineElementwise`
+        over the inner node's fused form) from the inner node's :meth:`affine_builder`."""
+        parts = self.inner.affine_builder(ctx)
+        if parts is None:
+            return None
+        _, f, df, f_inplace, df_of_value = self._act_ops()
+        fused = pl.AffineElementwise.fused
+
+        def build(values: Z_t, env: Any, like: torch.Tensor) -> pl.AffineElementwise | None:
+            cm = parts(values, env, like)
+            return None if cm is None else fused(f, cm[0], cm[1], df, f_inplace, df_of_value)
+
+        return build
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -355,23 +395,8 @@ class GradSum(Node):
         form = self._gram.get(id(t))
         if form is not None:
             op, e = form
-            # what does not change between calls, once per term: the operator's sizes, whether
-            # AᵀA as a matrix can pay at all (n² per sample less than the 2·apply_cost of
-            # Aᵀ(A·): m·n each for a dense A, far less for a convolution), its weights' names
-            facts = self.__dict__.setdefault("_gram_facts", {}).get(id(t))
-            if facts is None:
-                n, m = op.in_size, op.out_size
-                facts = self._gram_facts[id(t)] = (
-                    n, n <= min(m, GRAM_MAX) and n * n <= 2 * op.apply_cost,
-                    tuple(s.name for s in op.symbols()))
-            n, cheap, names = facts
-            trains = False
-            if torch.is_grad_enabled() and ctx.env:
-                for name in names:
-                    if getattr(ctx.env.get(name), "requires_grad", False):
-                        trains = True
-                        break
-            if cheap and n <= (GRAM_BATCH_TRAIN if trains else GRAM_BATCH_PLAN) * ctx.batch:
+            n, cheap, names = self._gram_facts_of(t, op)
+            if cheap and n <= _gram_batch(names, ctx.env) * ctx.batch:
                 like = ctx.like
                 if like is None:  # no state given: a weight's, else an input's dtype
                     syms = op.symbols()
@@ -382,6 +407,94 @@ class GradSum(Node):
                 return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram, symmetric=True)
         fwd, adj = _forward(st, self.block, ctx.env), _adjoint(st, self.block, ctx.env)
         return pl.SelfAdjoint(lambda z: adj(fwd(z)))
+
+    def _gram_facts_of(self, t: Term, op: Any) -> tuple[int, bool, tuple[str, ...]]:
+        """What does not change between calls, once per Gram-form term: the state size ``n``,
+        whether ``AᵀA`` as a matrix can pay at all (``n²`` per sample less than the
+        ``2·apply_cost`` of ``Aᵀ(A·)``: ``m·n`` each for a dense ``A``, far less for a
+        convolution, and ``n ≤ min(m, GRAM_MAX)``), its weights' names."""
+        facts = self.__dict__.setdefault("_gram_facts", {}).get(id(t))
+        if facts is None:
+            n, m = op.in_size, op.out_size
+            facts = self._gram_facts[id(t)] = (
+                n, n <= min(m, GRAM_MAX) and n * n <= 2 * op.apply_cost,
+                tuple(s.name for s in op.symbols()))
+        return facts
+
+    def affine_builder(self, ctx: pl.PlanContext) -> AffineBuilder | None:
+        """:meth:`plan`'s fused ``c + zM`` where the recipe makes one: every term bilinear (a
+        state-free constant) but one ``"identity"`` term ``½||e·Az||²`` with a Gram form and unit
+        coefficient, every coefficient a number.  Per call the builder computes what
+        :meth:`plan` computes for that recipe — the constants, then ``e²·AᵀA`` where
+        :meth:`_linear_plan` forms it (else None: :meth:`plan` applies ``Aᵀ(A·)``) — and
+        ``c`` must be a ``(B, N)`` tensor as :func:`~lowering.plan._affine_form` asks."""
+        if self.block.name != ctx.var or self.at:
+            return None
+        recipe = self._recipe()
+        if recipe is None:
+            return None
+        consts: list[tuple[Callable[[Z_t, Any], torch.Tensor | None], float]] = []
+        gram_term = None
+        for kind, t, c, arg, off in recipe:
+            if c is None:  # a learnable scalar: read from env on every call by plan()
+                return None
+            if kind == "bilinear":
+                consts.append((self._bilinear_const(t, arg), c))
+            elif kind == "identity" and off is None and gram_term is None and _is_one(c) \
+                    and id(t) in self._gram:
+                gram_term = t
+            else:
+                return None
+        if not consts or gram_term is None:
+            return None
+        op, e = self._gram[id(gram_term)]
+        n, cheap, names = self._gram_facts_of(gram_term, op)
+        if not cheap:
+            return None
+        ee = e * e
+
+        def build(values: Z_t, env: Any, like: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+            const = None
+            for fn, c in consts:
+                contrib = fn(values, env)
+                if contrib is None:
+                    continue
+                contrib = contrib if _is_one(c) else c * contrib
+                const = contrib if const is None else const + contrib
+            if const is None or const.ndim != 2 or n > _gram_batch(names, env) * like.shape[0]:
+                return None
+            gram = op.gram(like, env)
+            return const, (gram if ee == 1.0 else ee * gram)
+
+        return build
+
+    def _bilinear_const(self, t: Term, k: int) -> Callable[[Z_t, Any], torch.Tensor | None]:
+        """``(values, env) ↦ Aᵀ∇_{u_k} t`` (None where the term gives no gradient) for the
+        bilinear term ``t`` whose argument ``k`` holds the block, as :meth:`plan` computes it:
+        where ``t`` declares the gradient to be another argument ``u_j`` (``grad_sources``)
+        and argument ``k`` is the block itself, ``u_j``'s value (the input's own tensor when
+        ``u_j`` is one input, as ``Affine.evaluate`` returns it), else the gradient call."""
+        args, block = t.args, self.block
+        src = getattr(t, "grad_sources", None)
+        if src is not None and args[k].is_state(block):
+            a = args[src[k]]
+            e = a.entries[0] if len(a.entries) == 1 else None
+            if e is not None and e.symbol.kind == "input" and e.op is None and e.coef == 1.0:
+                name = e.symbol.name
+                return lambda values, env: values[name] if name in values else \
+                    a.evaluate(values, env)  # (the latter: evaluate's typed error)
+            return a.evaluate
+        size = args[k].size
+
+        def general(values: Z_t, env: Any) -> torch.Tensor | None:
+            us = [None if j == k else a.evaluate(values, env) for j, a in enumerate(args)]
+            ref = next(u for u in us if u is not None)
+            us[k] = self._zeros(size, ref)
+            g = t.raw_grad(us, env)[k]
+            return None if g is None else args[k].adjoint(g, block, env)
+
+        return general
 
     def _gram_matrix(self, t: Term, vals: Z_t, env: Env | None) -> torch.Tensor | None:
         """``e²·AᵀA`` (``n × n``) for a Gram-form term inside :func:`partial_evaluation`, when
@@ -422,6 +535,17 @@ class GradSum(Node):
 #: Gram matrix's own backward (``2n²m``) triples its cost: ``n ≤ 25B``
 GRAM_BATCH_PLAN = 80
 GRAM_BATCH_TRAIN = 25
+
+
+def _gram_batch(names: tuple[str, ...], env: Any) -> int:
+    """The batch factor of the Gram test ``n ≤ factor·B``: :data:`GRAM_BATCH_TRAIN` when one
+    of the operator's weights ``names`` takes a gradient in this call, else
+    :data:`GRAM_BATCH_PLAN`."""
+    if torch.is_grad_enabled() and env:
+        for name in names:
+            if getattr(env.get(name), "requires_grad", False):
+                return GRAM_BATCH_TRAIN
+    return GRAM_BATCH_PLAN
 
 
 def _forward(st: Affine, block: Symbol, env: Env | None) -> Any:

@@ -454,6 +454,17 @@ class AffineElementwise:
         act = f_inplace if f_inplace is not None else f
         self.fn = lambda z: act(torch.addmm(c, z, m))
 
+    @classmethod
+    def fused(cls, f: Callable[[torch.Tensor], torch.Tensor], c: torch.Tensor, m: torch.Tensor,
+              df: Callable[[torch.Tensor], torch.Tensor] | None,
+              f_inplace: Callable[[torch.Tensor], torch.Tensor] | None,
+              df_of_value: Callable[[torch.Tensor], torch.Tensor] | None
+              ) -> AffineElementwise:
+        """``f(c + zM)`` for a Gram matrix ``M`` (symmetric by construction): what
+        :func:`elementwise` builds over ``Sum([(1, Constant(c)), (1, Matrix(M))])``."""
+        return cls(f, Sum([(1.0, Constant(c)), (1.0, Matrix(m, symmetric=True))]), df,
+                   f_inplace, df_of_value)
+
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.fn(z)
 

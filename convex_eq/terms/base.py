@@ -124,6 +124,10 @@ class Term:
     #: ``u_i`` only), ``"bilinear"`` (``∇_{u_k} f`` depends only on the other arguments), or
     #: None (not declared: the layer is evaluated by its node tree, differentiated by autograd)
     grad_structure: str | None = None
+    #: for a ``"bilinear"`` term: ``grad_sources[k] = j`` when ``∇_{u_k} f`` is the argument
+    #: ``u_j`` itself (``<w, u>``: ``(1, 0)``), which lets an evaluation plan take the value
+    #: ``u_j`` with no gradient call (lowering/nodes.py, docs/theory.md §8); None: not declared
+    grad_sources: tuple[int, ...] | None = None
     #: True if ``prox_{t·coef·f}`` acts coordinatewise (its Jacobian is diagonal)
     prox_elementwise: bool = False
     #: how verify's lifted problem takes the term (docs/theory.md §9.2): "value" (its value is

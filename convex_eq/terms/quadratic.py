@@ -71,6 +71,7 @@ class Linear(Term):
 
     label = "linear"
     grad_structure = "bilinear"
+    grad_sources = (1, 0)  # ∇_w = u, ∇_u = w (raw_grad)
     base_curvature = "affine"
     smooth = True
 
