@@ -35,11 +35,16 @@ POOLS = ("max", "avg", "none")
 @dataclass
 class TrainingSettings:
     """Module options for training: stop the forward solve at relative residual ``tol`` or after
-    ``max_iter`` iterations (the adjoint after ``backward_factor·max_iter``), report a solve
+    ``max_iter`` iterations (the adjoint after ``backward_factor·max_iter``, with
+    ``backward_solver``, by default the forward's), report a solve
     that stops at its cap as a warning (``on_nonconvergence``), keep certified norms (and
     ``weight_bounds``) below their bounds minus ``margin`` by spectral-norm control."""
 
     solver: str = "anderson"
+    #: the adjoint's solver (None: ``solver``); ``"auto"`` takes a direct solve when small,
+    #: conjugate gradients on a symmetric adjoint system (the canonical OptEq's), else plain
+    #: iteration continued by Anderson (docs/theory.md §8)
+    backward_solver: str | None = None
     tol: float = 1e-4
     max_iter: int = 40
     backward_factor: int = 2
@@ -55,7 +60,7 @@ class TrainingSettings:
         # (conditions on trainable weights: one on a fixed constant holds as declared)
         wc = "spectral_norm" if controlled_conditions(derived) or self.weight_bounds else None
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
-                "backward": self.backward,
+                "backward": self.backward, "backward_solver": self.backward_solver,
                 "backward_max_iter": self.backward_factor * self.max_iter,
                 "on_nonconvergence": self.on_nonconvergence, "weight_control": wc,
                 "weight_bounds": self.weight_bounds, "margin": self.margin,
