@@ -1140,23 +1140,27 @@ def _spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
     return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
 
 
-#: :meth:`EquilibriumModule._forward` itself, called while ``torch._dynamo`` is not loaded (its
-#: ``compile_disabled`` wrapper then runs it as is)
+
+
 def _checked_builder(build: Any, plan: Any, ctx: PlanContext) -> Any:
     """``build`` (a node tree's :meth:`~lowering.nodes.Node.held_builder`) when it rebuilds
     ``plan`` — made by the general path at ``ctx`` — exactly: the same input tensor ``c`` or an
-    equal one, an equal ``M``, the same activation; else False (the general path is kept:
+    equal one, an equal ``M`` (symmetric alike), the same activation functions (``σ``, its
+    in-place form, ``σ'``, ``σ'`` from the value); else False (the general path is kept:
     a builder that disagrees is a bug, never a different layer).  Checked once per module, on
     the call that made ``plan``."""
     if build is None:
         return False
     again = build(ctx.values, ctx.env, ctx.like)  # (in the call's grad mode: the same test)
     same = again is not None and type(again) is type(plan) and again.f is plan.f \
-        and again.df is plan.df and again.df_of_value is plan.df_of_value \
+        and again.f_inplace is plan.f_inplace and again.df is plan.df \
+        and again.df_of_value is plan.df_of_value and again.mat.symmetric == plan.mat.symmetric \
         and (again.c is plan.c or torch.equal(again.c, plan.c)) and torch.equal(again.m, plan.m)
     return build if same else False
 
 
+#: :meth:`EquilibriumModule._forward` itself, called while ``torch._dynamo`` is not loaded (its
+#: ``compile_disabled`` wrapper then runs it as is)
 _FORWARD_CALL = EquilibriumModule._forward
 _FORWARD = _FORWARD_CALL.__wrapped__
 _set_grad_enabled = torch._C._set_grad_enabled

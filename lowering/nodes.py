@@ -427,7 +427,7 @@ class GradSum(Node):
         coefficient, every coefficient a number.  Per call the builder computes what
         :meth:`plan` computes for that recipe — the constants, then ``e²·AᵀA`` where
         :meth:`_linear_plan` forms it (else None: :meth:`plan` applies ``Aᵀ(A·)``) — and
-        ``c`` must be a ``(B, N)`` tensor as :func:`~lowering.plan._affine_form` asks."""
+        ``c`` must be 2-D, as :func:`~lowering.plan._affine_form` asks (else None)."""
         if self.block.name != ctx.var or self.at:
             return None
         recipe = self._recipe()

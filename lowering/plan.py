@@ -444,6 +444,7 @@ class AffineElementwise:
                  df_of_value: Callable[[torch.Tensor], torch.Tensor] | None = None):
         assert inner.affine is not None
         self.f, self.inner, self.df = f, inner, df
+        self.f_inplace = f_inplace  # (what ``fn`` applies; compared by the module's builder check)
         #: ``u ↦ f'(p)`` at ``u = f(p)`` where ``f``'s value decides its derivative (None
         #: otherwise): :meth:`linearize_at` reads ``f'`` from a known image, no ``c + zM``
         self.df_of_value = df_of_value

@@ -129,16 +129,18 @@ def test_a_builder_that_disagrees_is_refused() -> None:
     plan = mod.derived.nodes["z"].plan(ctx)
     assert _checked_builder(good, plan, ctx) is good
 
-    def scaled(fc: float, fm: float, f=None):
+    def scaled(fc: float, fm: float, f=None, f_=None):
         def build(values, env_, like):
             p = good(values, env_, like)
-            return pl.AffineElementwise.fused(f or p.f, fc * p.c, fm * p.m, p.df, None,
-                                              p.df_of_value)
+            return pl.AffineElementwise.fused(f or p.f, fc * p.c, fm * p.m, p.df,
+                                              f_ or p.f_inplace, p.df_of_value)
         return build
 
+    assert _checked_builder(scaled(1.0, 1.0), plan, ctx) is not False  # (the control)
     assert _checked_builder(scaled(1.0001, 1.0), plan, ctx) is False
     assert _checked_builder(scaled(1.0, 0.999), plan, ctx) is False
     assert _checked_builder(scaled(1.0, 1.0, torch.tanh), plan, ctx) is False
+    assert _checked_builder(scaled(1.0, 1.0, None, torch.tanh_), plan, ctx) is False
     assert _checked_builder(lambda *a: None, plan, ctx) is False
     assert _checked_builder(None, plan, ctx) is False
 
