@@ -27,15 +27,17 @@ minutes apart, and this shared machine drifts between a fast and a slower state 
 spans (the sequential ratio read 1.21–1.36 in runs whose iteration counts were identical).  So
 it is judged on an *interleaved replay*: the module and its optimizer are copied at the first
 and at the last window's start, and after the run both windows are taken again, step ``i`` of
-the one right after step ``i`` of the other (the order alternating), on the same batches; the
-replay must repeat the run's iteration counts (``replay.iters_match``).  The sequential ratio
-is reported too.
+the one right after step ``i`` of the other (the order alternating), on the same batches, with
+the other methods' models and optimizers dropped first (the module alone, as the demo trains
+it); the replay must repeat the run's iteration counts (``replay.iters_match``, else no
+verdict).  The sequential ratio is reported too.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import gc
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -295,6 +297,14 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
                 log(f"  train step {s + 1}/{len(batches)}: " + ", ".join(
                     f"{k} {times[k][-1] * 1e3:.0f} ms (loss {losses[k][-1]:.3f})"
                     for k in models))
+        # the replay measures the module alone, as the demo trains it: the other methods'
+        # models, optimizers and graphs are dropped first (their times and statistics are
+        # recorded), so that their heap does not enter the module's two windows
+        deq_map = models["torchdeq"].used if have_deq else None
+        names = list(models)
+        models.clear()
+        opts.clear()
+        gc.collect()
         replay = _replay(snaps, batches, w, xtr, ytr, demo.lr, rows["module"], dev)
     res: dict[str, Any] = {
         "steps": len(batches), "window": w, "batch": demo.batch, "lr": demo.lr,
@@ -303,15 +313,15 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         "weight_control": demo.settings("OptEq").module_options(derived)["weight_control"],
         "channels": demo.channels, "kernel": demo.kernel, "state_size": model.eq.state_size,
         "device": str(dev), "threads": torch.get_num_threads(), "have_torchdeq": have_deq,
-        "torchdeq_map": models["torchdeq"].used if have_deq else None,
+        "torchdeq_map": deq_map,
         "replay": replay, "methods": {}}
-    for name in models:
+    for name in names:
         summ = _summary(times[name], rows[name], w)
         summ.update(times=times[name], losses=losses[name], rows=rows[name],
                     loss_last=sum(losses[name][-w:]) / len(losses[name][-w:]))
         res["methods"][name] = summ
     mo = res["methods"]["module"]
-    for name in models:  # module steps/s over each method's (1 for the module itself)
+    for name in names:  # module steps/s over each method's (1 for the module itself)
         m = res["methods"][name]
         m["module_speedup"] = mo["steps_per_s"] / m["steps_per_s"]
         m["first_loss_diff"] = abs(losses["module"][0] - losses[name][0])
