@@ -1140,8 +1140,6 @@ def _spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
     return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
 
 
-
-
 def _checked_builder(build: Any, plan: Any, ctx: PlanContext) -> Any:
     """``build`` (a node tree's :meth:`~lowering.nodes.Node.held_builder`) when it rebuilds
     ``plan`` — made by the general path at ``ctx`` — exactly: the same input tensor ``c`` or an

@@ -300,19 +300,9 @@ class GradSum(Node):
         const = None
         for kind, t, c, arg, off in recipe:
             c = self.sign * t.coef_t(env) if c is None else c
-            if kind == "bilinear":
-                k = arg
-                us: list[Any] = []
-                ref = None
-                for j, a in enumerate(t.args):
-                    u = None if j == k else a.evaluate(ctx.values, env)
-                    if ref is None:
-                        ref = u
-                    us.append(u)
-                us[k] = self._zeros(t.args[k].size, ref)
-                g = t.raw_grad(us, env)[k]
-                if g is not None:
-                    contrib = t.args[k].adjoint(g, self.block, env)
+            if kind == "bilinear":  # (off: the constant's function, _bilinear_const)
+                contrib = off(ctx.values, env)
+                if contrib is not None:
                     if not (isinstance(c, float) and c == 1.0):  # (_is_one)
                         contrib = c * contrib
                     const = contrib if const is None else const + contrib
@@ -350,6 +340,7 @@ class GradSum(Node):
         state.pop("_zero_args", None)  # tensors on some device: made again on use
         state.pop("_gram_facts", None)  # keyed by the terms' ids: made again on use
         state.pop("_gram", None)  # keyed by the terms' ids, which a copy's terms do not have
+        state.pop("_recipe_cache", None)  # functions closing over this node: made again on use
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -360,9 +351,11 @@ class GradSum(Node):
 
     def _recipe(self) -> list[tuple[str, Term, Any, Any, Any]] | None:
         """Per term ``(kind, term, folded coefficient or None, arg, offset)`` — for
-        ``"bilinear"`` ``arg`` is the index of the argument holding the block, else the state
-        part ``A z`` of the one argument and ``offset`` its state-free part — or None when a
-        term has no plan.  Computed once (the node does not change)."""
+        ``"bilinear"`` ``arg`` is the index of the argument holding the block and ``offset``
+        the function computing the term's constant (:meth:`_bilinear_const`), else ``arg`` is
+        the state part ``A z`` of the one argument and ``offset`` its state-free part — or None
+        when a term has no plan.  Computed once (the node does not change; not pickled: its
+        functions close over this node)."""
         if hasattr(self, "_recipe_cache"):
             return self._recipe_cache
         recipe: list[tuple[str, Term, Any, Any, Any]] | None = []
@@ -375,7 +368,7 @@ class GradSum(Node):
                 if len(idx) != 1 or any(a.states() for j, a in enumerate(t.args) if j != idx[0]):
                     recipe = None
                     break
-                recipe.append((kind, t, c, idx[0], None))
+                recipe.append((kind, t, c, idx[0], self._bilinear_const(t, idx[0])))
                 continue
             if kind not in ("identity", "elementwise") or len(t.args) != 1:
                 recipe = None
@@ -435,11 +428,11 @@ class GradSum(Node):
             return None
         consts: list[tuple[Callable[[Z_t, Any], torch.Tensor | None], float]] = []
         gram_term = None
-        for kind, t, c, arg, off in recipe:
+        for kind, t, c, _arg, off in recipe:
             if c is None:  # a learnable scalar: read from env on every call by plan()
                 return None
             if kind == "bilinear":
-                consts.append((self._bilinear_const(t, arg), c))
+                consts.append((off, c))
             elif kind == "identity" and off is None and gram_term is None and _is_one(c) \
                     and id(t) in self._gram:
                 gram_term = t
@@ -471,10 +464,11 @@ class GradSum(Node):
 
     def _bilinear_const(self, t: Term, k: int) -> Callable[[Z_t, Any], torch.Tensor | None]:
         """``(values, env) ↦ Aᵀ∇_{u_k} t`` (None where the term gives no gradient) for the
-        bilinear term ``t`` whose argument ``k`` holds the block, as :meth:`plan` computes it:
-        where ``t`` declares the gradient to be another argument ``u_j`` (``grad_sources``)
-        and argument ``k`` is the block itself, ``u_j``'s value (the input's own tensor when
-        ``u_j`` is one input, as ``Affine.evaluate`` returns it), else the gradient call."""
+        bilinear term ``t`` whose argument ``k`` holds the block (the constant :meth:`plan` and
+        :meth:`affine_builder` add up): where ``t`` declares the gradient to be another
+        argument ``u_j`` (``grad_sources``) and argument ``k`` is the block itself, ``u_j``'s
+        value (the input's own tensor when ``u_j`` is one input, as ``Affine.evaluate`` returns
+        it), else the gradient call."""
         args, block = t.args, self.block
         src = getattr(t, "grad_sources", None)
         if src is not None and args[k].is_state(block):
