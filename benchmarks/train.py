@@ -304,6 +304,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         names = list(models)
         models.clear()
         opts.clear()
+        m = fn = out = deq = None  # (the loops' last references to them)
         gc.collect()
         replay = _replay(snaps, batches, w, xtr, ytr, demo.lr, rows["module"], dev)
     res: dict[str, Any] = {

@@ -344,6 +344,8 @@ class GradSum(Node):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # (a node pickled before the recipe held functions carries its recipe: made again)
+        state.pop("_recipe_cache", None)
         self.__dict__.update(state)
         # keyed by the ids of *these* terms (a copy's, an unpickled node's): stale keys would
         # drop the Gram plan, or, where a freed term's id is reused, apply another term's A
