@@ -1095,7 +1095,9 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
 
     The residual Gram matrix ``GGᵀ`` is kept incrementally (one new row per iteration) in the
     accumulation dtype (float64 for float32/16 states: in float32 the Gram matrix squares the
-    round-off and the mixing stalls near a relative residual of 1e-4); ridge ``lam·tr(G)/n``.
+    round-off and the mixing stalls near a relative residual of 1e-4), with the ridge
+    ``lam·||g_i||² + sqrt(tiny)`` on each diagonal entry; the weights come from the bordered
+    (KKT) system of ``min ||Σ α_i g_i||`` subject to ``Σ α_i = 1`` (docs/theory.md §8).
     Safeguard: when the worst sample's best residual has not improved for ``restart``
     iterations (default ``2m``), the history is cleared and the next step is a plain one.
     After ``ANDERSON_FRUITLESS`` such restarts in a row that gain nothing (a stall: on a slow
@@ -1223,13 +1225,18 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
     X = torch.empty(b, m, n, dtype=dt, device=dev) if beta != 1.0 else None
     Fh = torch.empty(b, m, n, dtype=dt, device=dev)
     G = torch.empty(b, m, n, dtype=acc, device=dev)
-    GG = torch.zeros(b, m, m, dtype=acc, device=dev)
+    # the bordered system H = [[0, 1ᵀ], [1, GGᵀ + R]] (R: the ridge on the diagonal), kept in
+    # place: its solution's tail is α (Σ α_i = 1) with no normalisation; GG is a view of H
+    H = torch.zeros(b, m + 1, m + 1, dtype=acc, device=dev)
+    H[:, 0, 1:] = 1.0
+    H[:, 1:, 0] = 1.0
+    GG = H[:, 1:, 1:]
+    rhs = torch.zeros(b, m + 1, 1, dtype=acc, device=dev)
+    rhs[:, 0] = 1.0
     #: mixing Σ α_i f_i as a batched matrix product for long states, as a broadcast sum for
     #: short ones (measured: 21 vs 45 µs at B = 64, N = 480; 112 vs 27 µs at B = 256, N = 64)
     mix_bmm = n >= 256
-    eye = torch.eye(m, dtype=acc, device=dev)
-    ones = torch.ones(b, m, 1, dtype=acc, device=dev)
-    tiny = torch.finfo(acc).tiny ** 0.5
+    lam1, tiny = 1.0 + lam, torch.finfo(acc).tiny ** 0.5
     x = z0
     filled = 0  # number of valid history slots
     slot = 0
@@ -1248,11 +1255,12 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         Fh[:, slot] = fx
         G[:, slot] = g
         filled = min(filled + 1, m)
-        # one new row of the Gram matrix: a broadcast product-sum (3.4× faster than a batched
-        # matrix–vector product at B = 64, N = 480 in float64)
-        row = (G[:, :filled] * G[:, slot, None, :]).sum(-1)  # (b, filled)
-        GG[:, slot, :filled] = row
-        GG[:, :filled, slot] = row
+        # one new row and column of the Gram matrix, a batched matrix–vector product (b,
+        # filled, 1); the diagonal entry gets the ridge (1 + lam)·||g||² + sqrt(tiny)
+        row = torch.bmm(G[:, :filled], G[:, slot, :, None])
+        GG[:, :filled, slot, None] = row
+        GG[:, slot, :filled, None] = row
+        GG[:, slot, slot].mul_(lam1).add_(tiny)
         if guard is None or guard.phase is None:  # (in a guard's phase: its own tests)
             worst = tr.top  # this run's progress (a continued solve may have a better past)
             if worst < 0.999 * best_worst:
@@ -1269,11 +1277,11 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
                 if guard is None and fruitless >= ANDERSON_FRUITLESS:
                     guard = _StallGuard(2 * m, tr.tol)
                 if guard is not None and not guard.dead:  # a plain phase from here
-                    guard.start(row[:, slot, None])
+                    guard.start(row[:, slot])
                 if X is not None:
                     X[:, 0] = x
                 Fh[:, 0], G[:, 0] = fx, g
-                GG[:, 0, 0] = (g * g).sum(-1)
+                GG[:, 0, 0] = (g * g).sum(-1) * lam1 + tiny
                 filled, slot, stale = 1, 0, 0
                 best_worst = worst
                 x = fx
@@ -1283,12 +1291,9 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         if filled == 1:  # (never in a guard's phase: one starts at a restart, filled 1 → 2)
             x = fx if beta == 1.0 else beta * fx + (1 - beta) * x
             continue
-        gg = GG[:, :filled, :filled]
-        ridge = lam * gg.diagonal(dim1=1, dim2=2).mean(dim=1) + tiny
-        A = gg + ridge[:, None, None] * eye[:filled, :filled]
-        # min ||Σ α_i g_i|| s.t. Σ α_i = 1  ⇔  α = A⁻¹1 / (1ᵀA⁻¹1)
-        w, info = torch.linalg.solve_ex(A, ones[:, :filled])
-        alpha = w[..., 0] / w[..., 0].sum(dim=1, keepdim=True)
+        # min ||Σ α_i g_i||² + Σ α_i² R_ii s.t. Σ α_i = 1: the KKT system H (μ, α) = (1, 0)
+        w, info = torch.linalg.solve_ex(H[:, :filled + 1, :filled + 1], rhs[:, :filled + 1])
+        alpha = w[:, 1:, 0]
         # singular: the latest plain step for those samples (on an accelerator without the
         # host synchronisation of the test: the stop test is the only one per iteration)
         if not alpha.device.type == "cpu" or bool(info.any()):
@@ -1302,9 +1307,8 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         if X is not None:
             x_new = beta * x_new + (1 - beta) * (a[:, None] @ X[:, :filled])[:, 0]
         if guard is not None and guard.phase is not None:
-            # the slot just written, (slot − 1) mod m: its Gram entry is ||f(x) − x||²
-            last = (slot - 1) % m
-            nxt = guard.step(fx, GG[:, last, last, None], x_new, tr.hist[-1],
+            # the slot just written: row[:, slot before the advance] is ||f(x) − x||²
+            nxt = guard.step(fx, row[:, (slot - 1) % m], x_new, tr.hist[-1],
                              tr.nonfinite if tr._any_nonfinite else None)
             if nxt is None:  # the phases ended: Anderson goes on, its stall test afresh
                 best_worst, stale = tr.top, 0

@@ -128,6 +128,45 @@ def test_conv_adjoint_random_geometry(c_in, c_out, h, w, k, stride, padding) -> 
     assert op.adjoint(rand(2, op.out_size)).shape == (2, c_in * h * w)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    nd=st.sampled_from([1, 2]),
+    groups=st.sampled_from([1, 2, 3]),
+    per_group=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    size=st.integers(3, 9),
+    ks=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    stride=st.integers(1, 2),
+    padding=st.integers(0, 4),
+)
+def test_conv_adjoint_as_flipped_convolution(nd, groups, per_group, size, ks, stride,
+                                             padding) -> None:
+    """The adjoint of a stride-1 convolution whose padding is at most k − 1 runs as a forward
+    convolution of the flipped kernel; it equals torch's transposed convolution (the
+    definition) for grouped, rectangular 1-d and 2-d kernels, and any other geometry keeps the
+    transposed one.  Both are float64 sums of at most 3·4·4 = 48 products per entry, in
+    different orders: they agree to ~48·eps relative to the sum of |products|, far below
+    1e-12 of the output's scale; a wrong flip, channel order or padding is off by O(1)."""
+    from convex_eq.operators import Conv1d
+
+    kshape = ks[:nd]
+    assume(all(k <= size + 2 * padding for k in kshape))
+    c_in, c_out = per_group[0] * groups, per_group[1] * groups
+    shape = (c_in,) + (size,) * nd
+    K = rand(c_out, c_in // groups, *kshape, seed=1)
+    cls = Conv1d if nd == 1 else Conv2d
+    op = cls(K.numpy(), shape, stride=stride, padding=padding,
+             groups=groups)
+    flipped = stride == 1 and all(padding <= k - 1 for k in kshape)
+    assert (op._flip_padding is not None) == flipped
+    w = rand(3, op.out_size, seed=2)
+    got = op.adjoint(w)
+    t = F.conv_transpose1d if nd == 1 else F.conv_transpose2d
+    want = t(w.reshape(3, *op.out_shape), K, stride=stride, padding=padding,
+             output_padding=op.output_padding, groups=groups).reshape(3, -1)
+    assert got.shape == want.shape == (3, op.in_size)
+    assert (got - want).abs().max() <= 1e-12 * max(1.0, float(want.abs().max()))
+
+
 # --------------------------------------------------------------------------- dense matrix & norm
 @pytest.mark.parametrize("name", NAMES)
 def test_matrix_matches_apply_and_adjoint(name: str) -> None:

@@ -82,8 +82,6 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
     back to a finite point by the guard. Each returned row must match its flags: a row flagged
     non-finite must not be finite, and a finite row's ``returned_residual`` must be its own
     residual."""
-    W, b = _problem()
-    lin = _linear(W, b)
     hole: dict[str, object] = {}
 
     class Probe(solvers._StallGuard):
@@ -97,11 +95,21 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
                     hole["row"], hole["p"] = i, out[i].clone()
             return out
 
+    # whether a row takes Anderson steps in a phase and then a trial depends on the stall's
+    # path, which round-off steers (a change of the Anderson arithmetic moved it): the first
+    # of 16 seeded offsets b whose solve has one is used (4 of the first 12 do with
+    # the bordered system; seed 0 did before it)
     with monkeypatch.context() as mp:
         mp.setattr(solvers, "_StallGuard", Probe)
-        with torch.no_grad():
-            solvers.solve(lin, torch.zeros(4, N, dtype=T64), "anderson", tol=1e-12,
-                          max_iter=3000)
+        for seed in range(16):
+            W = _jordan()
+            b = torch.randn(4, N, generator=torch.Generator().manual_seed(seed), dtype=T64)
+            lin = _linear(W, b)
+            with torch.no_grad():
+                solvers.solve(lin, torch.zeros(4, N, dtype=T64), "anderson", tol=1e-12,
+                              max_iter=3000)
+            if "row" in hole:
+                break
     assert "row" in hole, "no trial of a row that took Anderson steps (the guard did not run)"
     i, p = hole["row"], hole["p"]
     assert isinstance(i, int) and isinstance(p, torch.Tensor)

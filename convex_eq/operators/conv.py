@@ -70,6 +70,13 @@ class _ConvNd(LinOp):
                                     in zip(sp, out_sp, self.stride, self.padding, ks))
         self.in_size = c * _prod(sp)
         self.out_size = c_out * _prod(out_sp)
+        #: the adjoint as a forward convolution of the flipped kernel (stride 1, padding at
+        #: most k − 1: then ``conv_transposeNd(w, K, p) = convNd(w, flip(Kᵀ), k − 1 − p)``
+        #: exactly; measured 1.3× faster at (B, C, L) = (64, 12, 40), k = 5, up to 1.9× for a
+        #: conv2d, never slower, docs/theory.md §8); None: the transposed convolution
+        self._flip_padding = (tuple(k - 1 - p for k, p in zip(ks, self.padding))
+                              if all(s == 1 for s in self.stride)
+                              and all(p <= k - 1 for k, p in zip(ks, self.padding)) else None)
         super().__init__(f"conv({wname})", name)
 
     @property
@@ -91,10 +98,27 @@ class _ConvNd(LinOp):
         adjoint."""
         w = self.check_input(w, adjoint=True)
         k = resolve_weight(self.weight, env, w, self)
-        x = getattr(F, self._bwd)(w.reshape(-1, *self.out_shape), k, stride=self.stride,
-                            padding=self.padding, output_padding=self.output_padding,
-                            groups=self.groups)
+        flip = self.__dict__.get("_flip_padding")  # (absent in an operator pickled before it)
+        if flip is not None:
+            x = getattr(F, self._fwd)(w.reshape(-1, *self.out_shape), self._flipped(k),
+                                      padding=flip, groups=self.groups)
+        else:
+            x = getattr(F, self._bwd)(w.reshape(-1, *self.out_shape), k, stride=self.stride,
+                                      padding=self.padding, output_padding=self.output_padding,
+                                      groups=self.groups)
         return x.reshape(*w.shape[:-1], self.in_size)
+
+    def _flipped(self, k: torch.Tensor) -> torch.Tensor:
+        """The kernel of the adjoint as a forward convolution: per group, input and output
+        channels swapped, every spatial axis reversed, ``(C_in, C_out/groups, *kernel)``."""
+        g = self.groups
+        c_out, c_in_g, *ks = k.shape
+        if g > 1:
+            k = k.reshape(g, c_out // g, c_in_g, *ks).transpose(1, 2).reshape(
+                g * c_in_g, c_out // g, *ks)
+        else:
+            k = k.transpose(0, 1)
+        return k.flip(tuple(range(2, k.ndim)))
 
     def symbols(self) -> list[Symbol]:
         """``[K]``."""
