@@ -43,6 +43,10 @@ class Config:
     verify_models: tuple[str, ...] | None = None  # None: verify every seed model
     train_steps: int = 300  # Adam steps of the training case (each method)
     train_window: int = 50  # steps in its "first" and "last" median windows
+    #: interleaved replays of both windows the drift target is judged on (medians over all
+    #: of them): a single replay's ratio spread 1.26–1.31 over eight runs of one commit (the
+    #: machine's noise); the median over three is less noisy, at ~3 s a replay
+    train_replays: int = 3
     device: str = "cpu"  # where every case puts its modules and tensors (cvxpylayers: CPU)
 
     @classmethod
@@ -54,7 +58,7 @@ class Config:
                    reps=2, cvx_reps=1, cvx_budget=1.0, hand_m=(32,), norms=(0.9,),
                    solver_batch=8, solver_m=32, deq_batches=(8,), mem_batch=8, mem_ks=(5, 10),
                    cost_reps=1, verify_models=("opteq (canonical)",), train_steps=6,
-                   train_window=3, device=device)
+                   train_window=3, train_replays=1, device=device)
 
 
 # ---------------------------------------------------------------------------- the device

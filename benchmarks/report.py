@@ -410,11 +410,15 @@ def _train(tr: dict[str, Any]) -> list[str]:
                    "capped fwd / adjoint", "loss (last window)"], rows), ""]
     rp = tr.get("replay")
     if rp:
+        reps = rp.get("reps", 1)
+        each = ", ".join(_x(r) for r in rp.get("rep_ratios", []))
         out += [f"Interleaved replay (the drift target's measurement): the module and its "
                 f"optimizer copied at steps {rp['starts'][0] + 1} and {rp['starts'][1] + 1}, "
                 f"both windows taken again after the run, step by step alternately on the same "
-                f"batches: first {_ms(rp['first_s'])} ms, last {_ms(rp['last_s'])} ms, last / "
-                f"first {_x(rp['last_over_first'])}; forward and adjoint iteration counts "
+                f"batches, {reps} time(s) from fresh copies (medians over all of them): first "
+                f"{_ms(rp['first_s'])} ms, last {_ms(rp['last_s'])} ms, last / first "
+                f"{_x(rp['last_over_first'])}" + (f" (each replay: {each})" if reps > 1 else "")
+                + "; forward and adjoint iteration counts "
                 f"repeated in {rp['iters_match']:.0%} of the replayed steps. (The table's "
                 "sequential windows lie minutes apart: the machine's drift between them "
                 "enters their ratio.)", ""]

@@ -29,8 +29,9 @@ it is judged on an *interleaved replay*: the module and its optimizer are copied
 and at the last window's start, and after the run both windows are taken again, step ``i`` of
 the one right after step ``i`` of the other (the order alternating), on the same batches, with
 the other methods' models and optimizers dropped first (the module alone, as the demo trains
-it); the replay must repeat the run's iteration counts (``replay.iters_match``, else no
-verdict).  The sequential ratio is reported too.
+it), ``Config.train_replays`` times from fresh copies (medians over all replayed steps; each
+replay's ratio is reported); the replays must repeat the run's iteration counts
+(``replay.iters_match``, else no verdict).  The sequential ratio is reported too.
 """
 
 from __future__ import annotations
@@ -149,48 +150,62 @@ def _snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[nn.Module, 
 
 def _replay(snaps: dict[int, tuple[nn.Module, dict[str, Any]]], batches: list[torch.Tensor],
             w: int, xtr: torch.Tensor, ytr: torch.Tensor, lr: float,
-            rows: list[dict[str, Any]], dev: torch.device) -> dict[str, Any]:
+            rows: list[dict[str, Any]], dev: torch.device, reps: int = 1) -> dict[str, Any]:
     """The module's first and last ``w`` steps taken again from their snapshots, interleaved
-    step by step (the order alternating): medians, their ratio, and the fraction of replayed
-    steps whose forward and adjoint iteration counts equal the run's (the same computation)."""
+    step by step (the order alternating), ``reps`` times from fresh copies (the first chain
+    leading in even repetitions, the other in odd ones): medians over all repetitions, their
+    ratio, each repetition's ratio, and the fraction of replayed steps whose forward and
+    adjoint iteration counts equal the run's (the same computation)."""
     from convex_eq.errors import ConvergenceWarning
 
     starts = sorted(snaps)
     start_last = len(batches) - w
-    chains = []
-    for k in (starts[0], starts[-1] if len(starts) > 1 else start_last):
-        m0, state = snaps[k]
-        m = copy.deepcopy(m0)
-        opt = torch.optim.Adam(m.parameters(), lr=lr)
-        opt.load_state_dict(state)
-        m.train()
-        chains.append((k, m, opt))
+    firsts = (starts[0], starts[-1] if len(starts) > 1 else start_last)
     times: list[list[float]] = [[], []]
+    per_rep: list[float] = []
     match = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        for i in range(w):
-            order = (0, 1) if i % 2 == 0 else (1, 0)
-            for c in order:
-                k, m, opt = chains[c]
-                idx = batches[k + i].to(dev)
-                xb, yb = xtr[idx], ytr[idx]
+        for rep in range(reps):
+            chains = []
+            for k in firsts:
+                m0, state = snaps[k]
+                m = copy.deepcopy(m0)
+                opt = torch.optim.Adam(m.parameters(), lr=lr)
+                # a copy: load_state_dict keeps the given CPU tensors (Adam's moments, its step
+                # count), which the steps then update in place, and the next replay would start
+                # from this one's end
+                opt.load_state_dict(copy.deepcopy(state))
+                m.train()
+                chains.append((k, m, opt))
+            mine: list[list[float]] = [[], []]
+            for i in range(w):
+                order = (0, 1) if (i + rep) % 2 == 0 else (1, 0)
+                for c in order:
+                    k, m, opt = chains[c]
+                    idx = batches[k + i].to(dev)
+                    xb, yb = xtr[idx], ytr[idx]
 
-                def go(m: nn.Module = m, opt: torch.optim.Optimizer = opt,
-                       xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
-                    loss = nn.functional.cross_entropy(m(xb), yb)
-                    opt.zero_grad()
-                    loss.backward()
-                    opt.step()
+                    def go(m: nn.Module = m, opt: torch.optim.Optimizer = opt,
+                           xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> None:
+                        loss = nn.functional.cross_entropy(m(xb), yb)
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
 
-                m.reset_stats()
-                times[c].append(timed(go))
-                got, want = _stats_module(m), rows[k + i]
-                match += all(got.get(f) == want.get(f) for f in ("fwd_iters", "bwd_iters"))
+                    m.reset_stats()
+                    t = timed(go)
+                    times[c].append(t)
+                    mine[c].append(t)
+                    got, want = _stats_module(m), rows[k + i]
+                    match += all(got.get(f) == want.get(f) for f in ("fwd_iters", "bwd_iters"))
+            per_rep.append(median(mine[1]) / median(mine[0]))
+            chains = m = opt = None  # (this repetition's copies, before the next ones)
     first, last = median(times[0]), median(times[1])
     return {"first_s": first, "last_s": last, "last_over_first": last / first,
-            "first_times": times[0], "last_times": times[1], "iters_match": match / (2 * w),
-            "starts": [chains[0][0], chains[1][0]]}
+            "first_times": times[0], "last_times": times[1],
+            "iters_match": match / (2 * w * reps), "reps": reps, "rep_ratios": per_rep,
+            "starts": list(firsts)}
 
 
 def _batches(n: int, batch: int, steps: int, seed: int) -> list[torch.Tensor]:
@@ -306,7 +321,8 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
         opts.clear()
         m = fn = out = deq = None  # (the loops' last references to them)
         gc.collect()
-        replay = _replay(snaps, batches, w, xtr, ytr, demo.lr, rows["module"], dev)
+        replay = _replay(snaps, batches, w, xtr, ytr, demo.lr, rows["module"], dev,
+                         cfg.train_replays)
     res: dict[str, Any] = {
         "steps": len(batches), "window": w, "batch": demo.batch, "lr": demo.lr,
         "tol": tol, "max_iter": max_iter, "backward_tol": btol, "backward_max_iter": bmax,
