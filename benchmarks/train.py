@@ -200,7 +200,7 @@ def _replay(snaps: dict[int, tuple[nn.Module, dict[str, Any]]], batches: list[to
                     got, want = _stats_module(m), rows[k + i]
                     match += all(got.get(f) == want.get(f) for f in ("fwd_iters", "bwd_iters"))
             per_rep.append(median(mine[1]) / median(mine[0]))
-            chains = m = opt = None  # (this repetition's copies, before the next ones)
+            chains = m = opt = go = None  # (this repetition's copies, before the next ones)
     first, last = median(times[0]), median(times[1])
     return {"first_s": first, "last_s": last, "last_over_first": last / first,
             "first_times": times[0], "last_times": times[1],

@@ -1096,8 +1096,9 @@ def anderson(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, m: 
     The residual Gram matrix ``GGᵀ`` is kept incrementally (one new row per iteration) in the
     accumulation dtype (float64 for float32/16 states: in float32 the Gram matrix squares the
     round-off and the mixing stalls near a relative residual of 1e-4), with the ridge
-    ``lam·||g_i||² + sqrt(tiny)`` on each diagonal entry; the weights come from the bordered
-    (KKT) system of ``min ||Σ α_i g_i||`` subject to ``Σ α_i = 1`` (docs/theory.md §8).
+    ``lam·||g_i||² + sqrt(tiny)`` on each diagonal entry, put there when the entry's row is
+    written; ``α = A⁻¹1 / 1ᵀA⁻¹1`` (docs/theory.md §8, eighth round: a bordered (KKT) form of
+    the same problem lost the small entries of a history spanning many scales).
     Safeguard: when the worst sample's best residual has not improved for ``restart``
     iterations (default ``2m``), the history is cleared and the next step is a plain one.
     After ``ANDERSON_FRUITLESS`` such restarts in a row that gain nothing (a stall: on a slow
@@ -1146,7 +1147,7 @@ class _StallGuard:
     solve.  When every unconverged sample has been given up, the guard ends for good (Anderson
     goes on with its restarts alone).
 
-    Residuals here are ``||f(z) − z||²`` per sample, the Gram matrix's new diagonal entry (no
+    Residuals here are ``||f(z) − z||²`` per sample, the new Gram row's own entry (no
     extra reduction); the work (a few ``(B, 1)`` comparisons and selections per iteration, one
     host synchronisation per phase) is only done once a stall has been detected."""
 
@@ -1167,7 +1168,7 @@ class _StallGuard:
             self.gaveup = torch.zeros_like(r2, dtype=torch.bool)
         self.plain_len *= 2
         self.phase, self.left = "plain", self.plain_len
-        self.plain, self.ref = ~self.gaveup, r2.clone()  # (r2: a view of the Gram matrix)
+        self.plain, self.ref = ~self.gaveup, r2.clone()  # (kept: the caller's may change)
 
     def step(self, fz: torch.Tensor, r2: torch.Tensor, z_aa: torch.Tensor, rel: torch.Tensor,
              retired: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -1189,7 +1190,7 @@ class _StallGuard:
             # more at this phase's rate, Anderson samples against their residual now
             rate = (r2 / self.ref).clamp(max=1.0) ** (self.span / self.plain_len)
             self.thr = ANDERSON_TRIAL_GAIN ** 2 * r2 * torch.where(self.plain, rate, 1.0)
-            self.zp_f, self.rp = fz, r2.clone()  # (the trial rewrites the Gram slot r2 views)
+            self.zp_f, self.rp = fz, r2.clone()  # (kept as it is now)
             self.best, self.best_f = torch.full_like(r2, math.inf), fz
             self.phase, self.left = "trial", self.span
             return z_aa
@@ -1225,14 +1226,9 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
     X = torch.empty(b, m, n, dtype=dt, device=dev) if beta != 1.0 else None
     Fh = torch.empty(b, m, n, dtype=dt, device=dev)
     G = torch.empty(b, m, n, dtype=acc, device=dev)
-    # the bordered system H = [[0, 1ᵀ], [1, GGᵀ + R]] (R: the ridge on the diagonal), kept in
-    # place: its solution's tail is α (Σ α_i = 1) with no normalisation; GG is a view of H
-    H = torch.zeros(b, m + 1, m + 1, dtype=acc, device=dev)
-    H[:, 0, 1:] = 1.0
-    H[:, 1:, 0] = 1.0
-    GG = H[:, 1:, 1:]
-    rhs = torch.zeros(b, m + 1, 1, dtype=acc, device=dev)
-    rhs[:, 0] = 1.0
+    # A = GGᵀ + R, R the ridge on the diagonal (written with each row)
+    GG = torch.zeros(b, m, m, dtype=acc, device=dev)
+    ones = torch.ones(b, m, 1, dtype=acc, device=dev)
     #: mixing Σ α_i f_i as a batched matrix product for long states, as a broadcast sum for
     #: short ones (measured: 21 vs 45 µs at B = 64, N = 480; 112 vs 27 µs at B = 256, N = 64)
     mix_bmm = n >= 256
@@ -1281,7 +1277,7 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
                 if X is not None:
                     X[:, 0] = x
                 Fh[:, 0], G[:, 0] = fx, g
-                GG[:, 0, 0] = (g * g).sum(-1) * lam1 + tiny
+                GG[:, 0, 0] = row[:, slot, 0] * lam1 + tiny  # (||g||², float64 above)
                 filled, slot, stale = 1, 0, 0
                 best_worst = worst
                 x = fx
@@ -1291,9 +1287,10 @@ def _anderson(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int, m: int, beta: 
         if filled == 1:  # (never in a guard's phase: one starts at a restart, filled 1 → 2)
             x = fx if beta == 1.0 else beta * fx + (1 - beta) * x
             continue
-        # min ||Σ α_i g_i||² + Σ α_i² R_ii s.t. Σ α_i = 1: the KKT system H (μ, α) = (1, 0)
-        w, info = torch.linalg.solve_ex(H[:, :filled + 1, :filled + 1], rhs[:, :filled + 1])
-        alpha = w[:, 1:, 0]
+        # min ||Σ α_i g_i||² + Σ α_i² R_ii s.t. Σ α_i = 1  ⇔  α = A⁻¹1 / (1ᵀA⁻¹1): scale-free
+        # (the bordered form [[0, 1ᵀ], [1, A]] pivots on its 1s and loses the small entries)
+        w, info = torch.linalg.solve_ex(GG[:, :filled, :filled], ones[:, :filled])
+        alpha = w[..., 0] / w[..., 0].sum(dim=1, keepdim=True)
         # singular: the latest plain step for those samples (on an accelerator without the
         # host synchronisation of the test: the stop test is the only one per iteration)
         if not alpha.device.type == "cpu" or bool(info.any()):

@@ -296,3 +296,34 @@ def test_verify_check_routes_inclusion_layers():
                                 source=d.source)
     bad = verify.check(wrong, x)
     assert not bad.passed and bad.status.startswith("FAILED")
+
+
+def test_an_inaccurate_clarabel_stop_is_solved_again_ten_times_looser(monkeypatch):
+    """verify.inclusion._solve: Clarabel's ``optimal_inaccurate`` at the tight default is solved
+    once more with gap and feasibility tolerances ten times looser; other statuses and other
+    solvers are returned as they are."""
+    import cvxpy as cp
+
+    from verify import inclusion as vi
+    from verify.references import reference_solver_options
+
+    calls: list[dict] = []
+    answers: list[str] = []
+
+    def fake(prob, opts):
+        calls.append(dict(opts))
+        return answers.pop(0)
+
+    monkeypatch.setattr(vi, "_solve_once", fake)
+    opts = reference_solver_options(None)
+    answers[:] = [cp.OPTIMAL_INACCURATE, cp.OPTIMAL]
+    assert vi._solve(None, opts) == cp.OPTIMAL
+    assert len(calls) == 2 and calls[0] == opts
+    assert all(calls[1][k] == 10.0 * opts[k] for k in ("tol_gap_abs", "tol_gap_rel", "tol_feas"))
+    calls.clear()
+    answers[:] = [cp.INFEASIBLE]
+    assert vi._solve(None, opts) == cp.INFEASIBLE and len(calls) == 1
+    calls.clear()
+    scs = reference_solver_options({"solver": "SCS", "eps": 1e-10})
+    answers[:] = [cp.OPTIMAL_INACCURATE]
+    assert vi._solve(None, scs) == cp.OPTIMAL_INACCURATE and len(calls) == 1

@@ -94,9 +94,9 @@ def test_anderson_weights_minimise_the_least_squares_problem_when_residuals_span
             continue
         ref = torch.linalg.solve(A, torch.ones(A.shape[0], 1, dtype=T64))[:, 0]
         ref = ref / ref.sum()
-        q = lambda a: float(a @ A @ a)  # noqa: E731
-        if q(ref) > 0 and q(alpha) > 2.0 * q(ref):
-            cand.append((q(alpha) / q(ref), A, alpha))
+        q_ref, q_alpha = float(ref @ A @ ref), float(alpha @ A @ alpha)
+        if q_ref > 0 and q_alpha > 2.0 * q_ref:
+            cand.append((q_alpha / q_ref, A, alpha))
     cand.sort(key=lambda c: -c[0])
     worst = 1.0
     for _, A, alpha in cand[:5]:
