@@ -1,9 +1,12 @@
 """The limit: a minimal hand-written torch DEQ for ``z = relu(Wᵀ(Wz) + q)``.
 
-Same mathematics as the emitted module's default path: Anderson type II with history 5, the
-Gram-scaled ridge ``lam·tr(GGᵀ)/k + sqrt(tiny)``, stopping when every sample's relative residual
-``||f(z) − z|| / ||f(z)||`` is ≤ tol, output ``f`` of the last iterate, and the implicit backward
-as a tensor hook solving ``g = Jᵀg + ∂ℓ/∂z`` with the same Anderson (VJPs by autograd).
+The emitted module's Anderson path written by hand: Anderson type II with history 5, stopping
+when every sample's relative residual ``||f(z) − z|| / ||f(z)||`` is ≤ tol, output ``f`` of the
+last iterate, and the implicit backward as a tensor hook solving ``g = Jᵀg + ∂ℓ/∂z`` with the
+same Anderson (VJPs by autograd).  Its small problem differs in form, not in size: the Gram
+matrix in the state's dtype (the module's in float64), the ridge ``lam·tr(GGᵀ)/k + sqrt(tiny)``
+on every diagonal entry (the module's ``lam·||g_i||² + sqrt(tiny)`` per entry; ``lam = 1e-8``
+both) and the bordered system (the module normalises ``A⁻¹1``).
 What it leaves out is the toolkit: no expression tree, no per-iteration bookkeeping of the best
 iterate, no NaN checks, no statistics.
 """

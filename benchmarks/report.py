@@ -286,8 +286,10 @@ def _overhead(qp: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                      _x(r["overhead_fwdbwd"]), f"{mo['iters_max']} / {ha['iters_max']}",
                      _e(ha["grad_err"]), _x(cv["fwdbwd_s"] / ha["fwdbwd_s"])])
     return ["## 2. Overhead vs the limit (hand-written torch loop)", "",
-            "Same Anderson (history 5, Gram-scaled ridge, all-samples stopping rule), same IFT "
-            "backward via a tensor hook; ratio = module / hand. Times in ms.", "",
+            "Anderson with the same history (5), the same all-samples stopping rule and a "
+            "ridge of the same size (lam = 1e-8; the hand loop scales it by the mean Gram "
+            "diagonal in the state's dtype, the module by each entry's own in float64), same "
+            "IFT backward via a tensor hook; ratio = module / hand. Times in ms.", "",
             _table(["m", "dtype", "B", "module fwd", "hand fwd", "ratio fwd", "module fwd+bwd",
                     "hand fwd+bwd", "ratio fwd+bwd", "iters module / hand", "hand grad err",
                     "hand vs cvxpylayers (fwd+bwd)"], rows), ""]
@@ -400,7 +402,7 @@ def _train(tr: dict[str, Any]) -> list[str]:
            "with its Anderson forward and IFT backward (Anderson with its defaults m = 6, "
            "lam = 1e-4: the target's baseline; and with the module's history and nominal "
            "ridge, m = 5, lam = 1e-8, for information; torchdeq adds lam·I to the Gram matrix, "
-           "the module lam times its mean diagonal) at the same tolerances and caps, stop "
+           "the module lam·||g_i||² to each diagonal entry) at the same tolerances and caps, stop "
            "mode 'rel'. A step = forward + backward + Adam step; "
            f"times are medians of the first and last {w} steps (ms). Iterations: mean over "
            "the window of the batch's largest count (first / last window); capped: steps with "

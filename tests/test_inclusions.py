@@ -317,9 +317,12 @@ def test_an_inaccurate_clarabel_stop_is_solved_again_ten_times_looser(monkeypatc
     monkeypatch.setattr(vi, "_solve_once", fake)
     opts = reference_solver_options(None)
     answers[:] = [cp.OPTIMAL_INACCURATE, cp.OPTIMAL]
-    assert vi._solve(None, opts) == cp.OPTIMAL
+    notes: list[str] = []
+    assert vi._solve(None, opts, notes) == cp.OPTIMAL
     assert len(calls) == 2 and calls[0] == opts
-    assert all(calls[1][k] == 10.0 * opts[k] for k in ("tol_gap_abs", "tol_gap_rel", "tol_feas"))
+    assert all(calls[1][k] == min(10.0 * opts[k], 1e-10)
+               for k in ("tol_gap_abs", "tol_gap_rel", "tol_feas"))
+    assert len(notes) == 1 and "solved again at tolerance 1e-10" in notes[0]
     calls.clear()
     answers[:] = [cp.INFEASIBLE]
     assert vi._solve(None, opts) == cp.INFEASIBLE and len(calls) == 1

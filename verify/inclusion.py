@@ -174,23 +174,36 @@ def _solve_once(prob: cp.Problem, opts: Mapping[str, Any]) -> str:
     return str(prob.status)
 
 
-def _solve(prob: cp.Problem, opts: Mapping[str, Any]) -> str:
+#: the loosest tolerance :func:`_solve`'s retry uses (four orders of magnitude below the
+#: verify tolerances the reports accept)
+_RETRY_TOL = 1e-10
+
+
+def _solve(prob: cp.Problem, opts: Mapping[str, Any], notes: list[str] | None = None) -> str:
     """Solve; a Clarabel solve that stops ``optimal_inaccurate`` (its reduced-accuracy stop)
-    is solved once more with its gap and feasibility tolerances ten times looser (from the
-    default 1e-11 to 1e-10, four orders of magnitude below any verify tolerance the reports
-    accept).  A tanh inclusion's gap problem (exponential cones) ended ``optimal_inaccurate``
-    at 1e-11 or not depending on the layer's equilibrium in its ninth digit, a FAIL that said
-    nothing about the layer (tests/test_inclusions.py); at 1e-10 it solved to ``optimal``."""
+    with gap and feasibility tolerances below ``_RETRY_TOL`` (the default 1e-11) is solved once
+    more with them ten times looser, never looser than ``_RETRY_TOL`` (a user's own
+    tolerances at or above it are kept: no retry), and ``notes`` says so.  A tanh inclusion's
+    gap problem (exponential cones) ended ``optimal_inaccurate`` at 1e-11 or not depending on
+    the layer's equilibrium in its ninth digit, a FAIL that said nothing about the layer
+    (tests/test_inclusions.py); at 1e-10 it solved to ``optimal``."""
     status = _solve_once(prob, opts)
     if status == cp.OPTIMAL_INACCURATE and str(opts.get("solver", "")).upper() == "CLARABEL" \
-            and all(k in opts for k in _CLARABEL_TOLS):
-        status = _solve_once(prob, {**opts, **{k: 10.0 * float(opts[k]) for k in _CLARABEL_TOLS}})
+            and all(k in opts and float(opts[k]) < _RETRY_TOL for k in _CLARABEL_TOLS):
+        looser = {k: min(10.0 * float(opts[k]), _RETRY_TOL) for k in _CLARABEL_TOLS}
+        status = _solve_once(prob, {**opts, **looser})
+        if notes is not None:
+            note = (f"a Clarabel reference stopped optimal_inaccurate and was solved again at "
+                    f"tolerance {max(looser.values()):g} ({status})")
+            if note not in notes:
+                notes.append(note)
     return status
 
 
 def _min_plus_linear(obj: Objective, lin: np.ndarray, center: np.ndarray | None, rho: float,
                      inputs: Mapping[str, torch.Tensor], env: Mapping[str, Any],
-                     opts: Mapping[str, Any]) -> tuple[str, float, np.ndarray]:
+                     opts: Mapping[str, Any], notes: list[str] | None = None
+                     ) -> tuple[str, float, np.ndarray]:
     """``min_y obj(y) + ⟨lin, y⟩ (+ ||y − center||²/(2ρ))`` by CVXPY on the export of that
     objective (the added terms join its collected quadratic form, so e.g. a tanh potential's
     ``−½u²`` part is offset by ``1/ρ ≥ 1``); ``(status, value, argmin)``; a source that cannot
@@ -207,7 +220,7 @@ def _min_plus_linear(obj: Objective, lin: np.ndarray, center: np.ndarray | None,
         ex = full.to_cvxpy(**ins, **envs)
     except ExportError as err:
         return f"not exportable: {err}", math.nan, np.full(s.size, np.nan)
-    status = _solve(ex.problem, opts)
+    status = _solve(ex.problem, opts, notes)
     if status != cp.OPTIMAL:
         return status, math.nan, np.full(s.size, np.nan)
     y = ex.state_maps[s.name] @ np.asarray(ex.variable.value, dtype=np.float64)
@@ -240,7 +253,8 @@ class GapReference:
         M = inc.matrix(ctx.env)
         q = inc.shift(ctx.sample_inputs(b), ctx.env)[0].numpy()
         fz = M @ z - q
-        status, val, y = _min_plus_linear(inc.g, fz, z, alpha, {}, ctx.env, ctx.opts)
+        status, val, y = _min_plus_linear(inc.g, fz, z, alpha, {}, ctx.env, ctx.opts,
+                                          ctx.report.notes)
         if status != cp.OPTIMAL:
             ctx.report.failures.append(f"sample {b}: gap reference not solved ({status})")
             return
@@ -281,7 +295,7 @@ class LcpReference:
         x = cp.Variable(n)
         prob = cp.Problem(cp.Minimize(cp.quad_form(x, cp.psd_wrap(P)) - q @ x),
                           [x >= 0, M @ x - q >= 0])
-        status = _solve(prob, ctx.opts)
+        status = _solve(prob, ctx.opts, ctx.report.notes)
         if status != cp.OPTIMAL:
             ctx.report.failures.append(f"sample {b}: LCP QP not solved ({status})")
             return
@@ -340,9 +354,11 @@ class DualityGapReference:
             ktw = sad.K.adjoint(torch.as_tensor(w).reshape(1, -1), ctx.env)[0].numpy()
         kzc = kz.numpy() + c
         # p(z*) = G(z*) − min_w [H(w) − ⟨Kz* + c, w⟩]
-        s1, v1, w_best = _min_plus_linear(sad.H, -kzc, None, 1.0, ins, ctx.env, ctx.opts)
+        s1, v1, w_best = _min_plus_linear(sad.H, -kzc, None, 1.0, ins, ctx.env, ctx.opts,
+                                          ctx.report.notes)
         # d(w*) = ⟨c, w*⟩ − H(w*) + min_z [G(z) + ⟨Kᵀw*, z⟩]
-        s2, v2, z_best = _min_plus_linear(sad.G, ktw, None, 1.0, ins, ctx.env, ctx.opts)
+        s2, v2, z_best = _min_plus_linear(sad.G, ktw, None, 1.0, ins, ctx.env, ctx.opts,
+                                          ctx.report.notes)
         if s1 != cp.OPTIMAL or s2 != cp.OPTIMAL:
             ctx.report.failures.append(f"sample {b}: primal/dual reference not solved "
                                        f"({s1}, {s2})")
