@@ -6,6 +6,7 @@ from .config import BackwardConfig, ModuleConfig, SolveConfig, WeightControlConf
 from .converter import ConvertedNetwork, convert
 from .derived import DerivedLayer
 from .lower import lower, register_rule, unregister_rule
+from .module import EquilibriumModule
 from .perturbation import Perturbation, perturbation
 from .sam import SAMConfig
 from .solvers import SOLVERS, SolverStats, register_solver, solve
@@ -22,6 +23,7 @@ __all__ = [
     "ConvertedNetwork",
     "Derivation",
     "DerivedLayer",
+    "EquilibriumModule",
     "ModuleConfig",
     "Perturbation",
     "SAMConfig",
