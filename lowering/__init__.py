@@ -1,18 +1,29 @@
-"""Lowering: derive the fixed-point layer ``z = T(z, x)`` of a hidden objective."""
+"""Lowering: derive the fixed-point layer ``z = T(z, x)`` of a hidden objective, and run it.
 
-from . import module as _module
-from .backward import BACKWARD_STRATEGIES, register_backward
-from .config import BackwardConfig, ModuleConfig, SolveConfig, WeightControlConfig
+Two wings: the deriving side (``lower``, the rules, ``DerivedLayer``, the derivation trace, the
+converter, the perturbation) and :mod:`lowering.runtime` (the emitted module and what runs it),
+which imports the deriving side and registers the emitters ``DerivedLayer.torch_module`` uses.
+"""
+
 from .converter import ConvertedNetwork, convert
 from .derived import DerivedLayer
 from .lower import lower, register_rule, unregister_rule
-from .module import EquilibriumModule
 from .perturbation import Perturbation, perturbation
-from .sam import SAMConfig
-from .solvers import SOLVERS, SolverStats, register_solver, solve
+from .runtime import (
+    BACKWARD_STRATEGIES,
+    SOLVERS,
+    BackwardConfig,
+    EquilibriumModule,
+    ModuleConfig,
+    SAMConfig,
+    SolveConfig,
+    SolverStats,
+    WeightControlConfig,
+    register_backward,
+    register_solver,
+    solve,
+)
 from .trace import Claim, Contraction, Derivation, Step
-
-_module.RELOWER = lower  # unpickling an emitted module re-derives its layer
 
 __all__ = [
     "BACKWARD_STRATEGIES",

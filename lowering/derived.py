@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from convex_eq.affine import values_from
-from convex_eq.errors import ShapeError
+from convex_eq.errors import OptionError, ShapeError
 from convex_eq.symbols import Env, Symbol, as_tensor
 
 from .nodes import Node, broadcast_batch
 from .trace import Claim, Contraction, Derivation
+
+#: ``torch_module(backend=…)``: backend name → ``emit(derived, **options) -> nn.Module``, filled
+#: by the runtime (:mod:`lowering.runtime`), which sits above the deriving side
+EMITTERS: dict[str, Callable[..., torch.nn.Module]] = {}
+
+
+def register_emitter(backend: str) -> Callable[[Callable[..., torch.nn.Module]],
+                                               Callable[..., torch.nn.Module]]:
+    """Decorator entering ``emit(derived, **options)`` as the emitter of ``backend``."""
+
+    def deco(emit: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
+        EMITTERS[backend] = emit
+        return emit
+
+    return deco
 
 
 @dataclass
@@ -156,17 +171,14 @@ class DerivedLayer:
 
     # ------------------------------------------------------------------ emission
     def torch_module(self, **options: Any) -> torch.nn.Module:
-        """Emit a trainable ``nn.Module`` (see ``lowering.module.EquilibriumModule``)."""
+        """Emit a trainable ``nn.Module``: ``backend="fixed_point"`` (default, an
+        :class:`~lowering.runtime.module.EquilibriumModule`; options: the fields of
+        :class:`~lowering.runtime.config.ModuleConfig`) or ``"cvxpylayers"`` (an exact conic
+        solve); docs/guide.md, the emitted module."""
         backend = options.pop("backend", "fixed_point")
-        if backend == "cvxpylayers":
-            from .cvxpylayer import CvxpyLayerModule
-
-            return CvxpyLayerModule(self, **options)
-        if backend != "fixed_point":
-            from convex_eq.errors import OptionError
-
+        emit = EMITTERS.get(backend)
+        if emit is None:
             raise OptionError(f"unknown backend {backend!r}", term="torch_module",
-                              hint="use 'fixed_point' or 'cvxpylayers'")
-        from .module import EquilibriumModule
-
-        return EquilibriumModule(self, **options)
+                              hint=f"use one of {sorted(EMITTERS) or ['fixed_point']} (the "
+                              "backends are registered when the lowering package is imported)")
+        return emit(self, **options)

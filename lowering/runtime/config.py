@@ -15,7 +15,9 @@ import torch
 
 from convex_eq.errors import OptionError
 
+from .backward import ADJOINT_METHODS, get_backward
 from .sam import SAMConfig
+from .solvers import get_solver
 
 ON_FAIL = ("raise", "warn", "mask")
 CONTROL_MODES = ("auto", "spectral_norm", "project", None)
@@ -26,7 +28,7 @@ class SolveConfig:
     """Forward fixed-point solve: ``solver`` from the registry, stop at relative residual ``tol``
     or after ``max_iter`` iterations; ``options`` go to the solver (e.g. Anderson's ``m``).
     The default ``"auto"`` runs plain iteration on small states while it converges fast and
-    Anderson otherwise (:func:`lowering.solvers.auto`, measured in docs/theory.md §8)."""
+    Anderson otherwise (:func:`lowering.runtime.solvers.auto.auto`, measured in docs/theory.md §8)."""
 
     solver: str = "auto"
     tol: float = 1e-6
@@ -34,8 +36,6 @@ class SolveConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from .solvers import get_solver
-
         get_solver(self.solver)
         if not (self.tol > 0 and math.isfinite(self.tol)) or int(self.max_iter) < 1:
             raise OptionError(f"tol = {self.tol} must be > 0 and max_iter = {self.max_iter} ≥ 1",
@@ -58,9 +58,6 @@ class BackwardConfig:
     adjoint: str = "auto"
 
     def __post_init__(self) -> None:
-        from .backward import ADJOINT_METHODS, get_backward
-        from .solvers import get_solver
-
         get_backward(self.mode)
         if self.adjoint not in ADJOINT_METHODS:
             raise OptionError(f"backward_adjoint = {self.adjoint!r} is not one of "
@@ -117,7 +114,7 @@ class ModuleConfig:
     dtype: torch.dtype = torch.float32
     learnable_constants: bool = False
     #: inside ``torch.compile``: plain iterations (forward and adjoint, planned layers) run this
-    #: many per compiled call (:func:`lowering.solvers.compiled_steps`); 0 keeps the eager loop
+    #: many per compiled call (:class:`lowering.runtime.solvers.CompiledSteps`); 0 keeps the eager loop
     compile_steps: int = 16
 
     def __post_init__(self) -> None:

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from convex_eq.errors import OptionError
+from lowering.perturbation import Cascade
 
-from .perturbation import Cascade
 from .solvers import SolverStats
 from .weight_control import controlled_conditions
 

@@ -21,16 +21,15 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from convex_eq.errors import OptionError
 from convex_eq.symbols import Scalar, as_tensor
-
-if TYPE_CHECKING:
-    from .derived import DerivedLayer
+from lowering.derived import DerivedLayer
+from lowering.lower import lower
 
 
 @dataclass(frozen=True)
@@ -112,8 +111,7 @@ class LearnableScalar:
 
 
 def check_learnable(derived: DerivedLayer, names: list[str], T: Callable[..., torch.Tensor],
-                    env: dict[str, torch.Tensor], thetas: dict[str, torch.Tensor],
-                    relower: Callable[..., DerivedLayer] | None) -> None:
+                    env: dict[str, torch.Tensor], thetas: dict[str, torch.Tensor]) -> None:
     """Refuse learnable scalars that would train silently wrong (module construction).
 
     * reach: ``∂T/∂θ`` at a random point must exist (``T`` reads the scalar from ``env``
@@ -145,7 +143,7 @@ def check_learnable(derived: DerivedLayer, names: list[str], T: Callable[..., to
     source = derived.source
     options = dict(derived.lower_options or {})
     for s in derived.parameters:
-        if s.name not in names or relower is None:
+        if s.name not in names:
             continue
         old = float(s.value)
         sigs = {}
@@ -153,7 +151,7 @@ def check_learnable(derived: DerivedLayer, names: list[str], T: Callable[..., to
             prev = s.value
             try:
                 s.value = as_tensor(v)
-                sigs[v] = _signature(relower(source, **options))
+                sigs[v] = _signature(lower(source, **options))
             finally:
                 s.value = prev
         (v0, base), (v1, moved) = sigs.items()

@@ -15,7 +15,7 @@ import torch
 from convex_eq.errors import OptionError
 from convex_eq.objective import Objective
 
-from .solvers import SolverStats, Tracker, _empty_stats, rel_residual
+from .solvers import SolverStats, Tracker, empty_stats, rel_residual
 
 
 @dataclass
@@ -54,7 +54,7 @@ def sam_iterate(module: Any, f: Any, z0: torch.Tensor, inputs: dict, env: dict
     """Run SAM for ``max_iter`` steps; stats report the fixed-point residual of ``T``."""
     cfg: SAMConfig = module.sam
     if z0.shape[0] == 0:  # an empty batch (e.g. every sample masked out)
-        return z0.clone(), _empty_stats("sam", z0, cfg.tol)
+        return z0.clone(), empty_stats("sam", z0, cfg.tol)
     gamma = cfg.step_size(env)
     names = [b.name for b in module.blocks]
     tr = Tracker("sam", z0, cfg.tol)

@@ -6,16 +6,14 @@ module for gradient checks."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from convex_eq.errors import ExportError, OptionError, ShapeError
-
-if TYPE_CHECKING:  # annotations only: derived.py builds this module (torch_module(backend=...))
-    from .derived import DerivedLayer
+from lowering.derived import DerivedLayer
 
 
 class CvxpyLayerModule(nn.Module):
@@ -68,3 +66,8 @@ class CvxpyLayerModule(nn.Module):
             out.append(z[:, o:o + b.size].reshape(z.shape[0], *b.shape))
             o += b.size
         return out[0] if len(out) == 1 else tuple(out)
+
+
+def emit(derived: DerivedLayer, **options: Any) -> CvxpyLayerModule:
+    """``derived.torch_module(backend="cvxpylayers", **options)``."""
+    return CvxpyLayerModule(derived, **options)

@@ -63,7 +63,7 @@ def _dense_matrix(op: Any, env: dict) -> torch.Tensor:
             f"weight control needs ||{op}||₂ and no norm bound is registered for "
             f"{type(op).__name__}; its dense matrix ({op.out_size}×{op.in_size}) is too large "
             "to factorise", term="weight_control",
-            hint="register a bound with lowering.weight_control.register_norm_bound")
+            hint="register a bound with lowering.runtime.weight_control.register_norm_bound")
     with torch.no_grad():
         e64 = {k: (v.detach().double() if torch.is_tensor(v) and v.is_floating_point() else v)
                for k, v in env.items()}
@@ -351,6 +351,47 @@ class WeightControl:
                     scale = torch.clamp(target / sig, max=1.0).to(w.dtype)
                     env[name] = w * scale
         return env
+
+
+def make_weight_control(derived: Any, cfg: Any, trainable: list[str],
+                        raw_env: Callable[[], dict]) -> WeightControl | None:
+    """The module's weight control for ``cfg`` (a
+    :class:`~lowering.runtime.config.WeightControlConfig`): ``auto`` controls the norm
+    conditions that read a trainable tensor (conditions on constants alone hold as declared)
+    and never changes weights that satisfy the certificate (:meth:`WeightControl.calibrate`,
+    at ``raw_env()``); None when nothing is controlled."""
+    mode = cfg.mode
+    if mode == "auto":
+        mode = "spectral_norm" if (controlled_conditions(derived, trainable)
+                                   or cfg.bounds) else None
+    if mode is None:
+        return None
+    control = WeightControl(derived, mode, cfg.margin, cfg.bounds, trainable)
+    if cfg.mode == "auto":
+        control.calibrate(raw_env())
+    return control
+
+
+def warn_uncontrolled(derived: Any, control: WeightControl | None, trainable: list[str],
+                      trained: list[str]) -> None:
+    """Warn about the certificate's conditions that read trained tensors and that no weight
+    control could keep (a norm bound of one weight could be: switched off, that is the user's
+    choice, which a failing solve's hint names)."""
+    controllable = [op for op, _, _ in controlled_conditions(derived, trainable)]
+    loose = [c.text for c in certificate_conditions(derived)
+             if kept_by(c, control, trained) == "not kept"
+             and all(getattr(c, "op", None) is not op for op in controllable)]
+    if not loose:
+        return
+    many = len(loose) > 1
+    it = "them" if many else "it"
+    warnings.warn(
+        f"the certificate's condition{'s' if many else ''} {'; '.join(loose)} "
+        f"read{'' if many else 's'} trained tensors and weight control cannot keep {it} (it "
+        f"keeps norm bounds ||op||₂ ≤ b of one weight each): training may leave {it} false, "
+        "and the layer's equilibrium then is no longer a certified minimizer. Evaluate "
+        f"{it} at the trained weights with module.certificate_status()",
+        UncontrolledConditionWarning, stacklevel=5)
 
 
 class _Measure:

@@ -1,0 +1,74 @@
+"""The solver registry: a solver is ``iterate(f, z0, tracker, *, max_iter, **options)`` that
+records its iterates into a :class:`~lowering.runtime.solvers.tracker.Tracker`; registered, it
+is called as ``solve(f, z0, tol=…, max_iter=…, compiled=None, **options) -> (z, stats)``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from convex_eq.errors import OptionError
+
+from .compiled import CompiledSteps
+from .replay import Iteration, best_per_sample
+from .stats import SolverStats, empty_stats
+from .tracker import F, Tracker
+
+Solve = Callable[..., tuple[torch.Tensor, SolverStats]]
+SOLVERS: dict[str, Solve] = {}
+
+
+def registered(name: str, iterate: Iteration) -> Solve:
+    """``iterate`` as a registered solver ``name``: flat ``(B, N)`` states (other shapes are
+    flattened per sample), an empty batch answered without iterating, and each unconverged
+    sample's best iterate returned (:func:`~lowering.runtime.solvers.replay.best_per_sample`)."""
+
+    @functools.wraps(iterate)
+    def run(f: F, z0: torch.Tensor, tol: float = 1e-6, max_iter: int = 100, *,
+            compiled: CompiledSteps | None = None, **options: Any
+            ) -> tuple[torch.Tensor, SolverStats]:
+        if z0.ndim > 2:  # (B, C, H, W, …): every solver iterates on flat (B, N) states
+            shape = z0.shape
+
+            def flat(x: torch.Tensor) -> torch.Tensor:
+                return f(x.reshape(shape)).flatten(1)
+
+            z, st = run(flat, z0.flatten(1), tol, max_iter, compiled=compiled, **options)
+            return z.reshape(shape), st
+        if z0.ndim and z0.shape[0] == 0:  # an empty batch (e.g. every sample masked out)
+            return z0.clone(), empty_stats(name, z0, tol)
+        tr = Tracker(name, z0, tol, compiled=compiled)
+        iterate(f, z0, tr, max_iter=max_iter, **options)
+        return best_per_sample(iterate, tr, f, z0, max_iter, options)
+
+    run.iterate = iterate  # type: ignore[attr-defined]
+    return run
+
+
+def register_solver(name: str) -> Callable[[Iteration], Solve]:
+    """Decorator adding ``iterate(f, z0, tracker, *, max_iter, **options)`` to the registry
+    under ``name`` (see :func:`registered`)."""
+
+    def deco(iterate: Iteration) -> Solve:
+        run = registered(name, iterate)
+        SOLVERS[name] = run
+        return run
+
+    return deco
+
+
+def get_solver(name: str) -> Solve:
+    """The registered solver ``name`` (OptionError listing the available ones otherwise)."""
+    if name not in SOLVERS:
+        raise OptionError(f"unknown solver {name!r}", term="solver",
+                          hint=f"available: {', '.join(sorted(SOLVERS))}")
+    return SOLVERS[name]
+
+
+def solve(f: F, z0: torch.Tensor, solver: str = "anderson", tol: float = 1e-6,
+          max_iter: int = 100, **options: Any) -> tuple[torch.Tensor, SolverStats]:
+    """Solve ``z = f(z)`` with the registered solver ``solver`` (docs/guide.md, solvers)."""
+    return get_solver(solver)(f, z0, tol=tol, max_iter=max_iter, **options)
