@@ -7,7 +7,7 @@ iterations, implicit backward with the adjoint capped at 80, spectral-norm weigh
 MNIST-1D is generated locally by the ``mnist1d`` package, never downloaded.
 
 The torchdeq side is the *same layer*: a copy of the classifier (same weights at the start),
-whose equilibrium module supplies the map ``z ↦ T(z, x)`` — its plan (``lowering.plan``:
+whose equilibrium module supplies the map ``z ↦ T(z, x)`` — its plan (``lowering.runtime.plan``:
 the state-free parts such as the injection computed once per step) where the layer has one,
 else ``module.T`` — and its weights after weight control (``module.env()``, once per step);
 torchdeq's ``get_deq`` solves it with its Anderson forward and its IFT backward (Anderson
@@ -111,11 +111,11 @@ class TorchDEQClassifier(nn.Module):
              ) -> Callable[[torch.Tensor], torch.Tensor]:
         """``z ↦ T(z, x)``: the layer's plan at these inputs and weights (built with autograd,
         so its output is differentiable w.r.t. them), or the node tree's ``T``."""
-        from lowering.plan import PlanContext, Root
+        from lowering.runtime.plan import PlanContext, Root, plan_of
 
         eq = self.model.eq
         name = eq.blocks[0].name
-        plan = eq.derived.nodes[name].plan(PlanContext(name, inputs, env, batch))
+        plan = plan_of(eq.derived.nodes[name], PlanContext(name, inputs, env, batch))
         if plan is not None:
             self.used = "plan"
             return Root(plan)

@@ -67,6 +67,10 @@ class OptionError(ConvexEqError, TypeError):
     """An unknown or invalid option was passed."""
 
 
+class InputTypeError(ConvexEqError, TypeError):
+    """An input of the wrong kind: not a torch tensor, or a tensor without values (meta)."""
+
+
 class SolverError(ConvexEqError, RuntimeError):
     """A reference solver failed or returned an inaccurate status."""
 

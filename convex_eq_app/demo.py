@@ -29,7 +29,7 @@ from torch import nn
 import lowering
 from convex_eq import models
 from convex_eq.terms import L1, moreau
-from lowering.classifier import EquilibriumClassifier, TrainingSettings
+from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
 from .data import Dataset, mnist1d
 from .table import mlp_with

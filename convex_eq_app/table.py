@@ -2,7 +2,7 @@
 CNN of equal parameter count, all trained by the same loop (``convex-eq train-table``).
 
 Every equilibrium model is an objective from ``convex_eq.models`` lowered to its layer and
-wrapped in :class:`~lowering.classifier.EquilibriumClassifier`; after training, its layer is
+wrapped in :class:`~lowering.runtime.classifier.EquilibriumClassifier`; after training, its layer is
 verified on test inputs against its docs/theory.md §9 reference.  ``--val`` trains on 90 % of the
 training part and reports the held-out 10 % (for architecture choices: the test part is not
 looked at); otherwise the models train on the whole training part and the test part is
@@ -29,8 +29,8 @@ from torch import nn
 import lowering
 from convex_eq import models
 from convex_eq.errors import ConvergenceWarning
-from lowering.classifier import EquilibriumClassifier, TrainingSettings
 from lowering.perturbation import cascade
+from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
 from .data import Dataset, mnist1d
 from .training import Result, TrainConfig, fit, n_params, verify_layer

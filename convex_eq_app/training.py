@@ -3,9 +3,9 @@
 Adam on the cross-entropy with a cosine learning-rate schedule, minibatches drawn from a seeded
 generator, optional shift augmentation (the same for every model); per epoch it logs the mean
 loss, the accuracy on the held-out part and, for an
-:class:`~lowering.classifier.EquilibriumClassifier`, the forward and backward solver statistics
-(:class:`~lowering.classifier.StatsMeter`).  Convergence warnings of the equilibrium layers are
-counted from those statistics, not printed per step.
+:class:`~lowering.runtime.classifier.EquilibriumClassifier`, the forward and backward solver
+statistics (:class:`~lowering.runtime.classifier.StatsMeter`).  Convergence warnings of the
+equilibrium layers are counted from those statistics, not printed per step.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from convex_eq.errors import ConvergenceWarning, OptionError
-from lowering.classifier import EquilibriumClassifier, StatsMeter
+from lowering.runtime.classifier import EquilibriumClassifier, StatsMeter
 
 from .data import Dataset, random_shift
 

@@ -27,8 +27,8 @@ from convex_eq.composition import DeepComposition
 from convex_eq.errors import ConvexEqError, ExportError, OptionError
 from convex_eq.objective import Objective
 from convex_eq.terms.moreau import MoreauEnvelope
+from lowering import EquilibriumModule
 from lowering.derived import DerivedLayer
-from lowering.module import EquilibriumModule
 
 from .equilibrium import (
     environment,

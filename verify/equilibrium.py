@@ -12,9 +12,8 @@ import torch
 
 from convex_eq.errors import NonFiniteError, ShapeError
 from convex_eq.symbols import Symbol
+from lowering import EquilibriumModule, SolverStats, solve
 from lowering.derived import DerivedLayer
-from lowering.module import EquilibriumModule
-from lowering.solvers import SolverStats, solve
 
 from .report import EquilibriumInfo
 

@@ -31,7 +31,7 @@ from convex_eq.errors import ConvexEqError, OptionError, ShapeError
 from convex_eq.export import ExportedProblem
 from convex_eq.objective import Objective
 from convex_eq.terms.conjugate import SeparableAffineConjugate
-from lowering.solvers import solve
+from lowering import solve
 
 from .lifting import (
     LiftedProblem,

@@ -1,7 +1,7 @@
 """Training and evaluating the runs of the claim runner.
 
 Models are built from the seed objectives of :mod:`convex_eq.models` (registry :data:`MODELS`),
-wrapped in :class:`lowering.classifier.EquilibriumClassifier` and trained by the shared loop
+wrapped in :class:`lowering.runtime.classifier.EquilibriumClassifier` and trained by the shared loop
 :func:`convex_eq_app.training.fit` on the data of :mod:`convex_eq_app.data`; the trained model is
 then measured by the evaluators its runs ask for (registry :data:`EVALUATORS`).  Runs go to
 ``budget.workers`` spawned processes (one torch thread each) or run in this process.
@@ -69,7 +69,7 @@ def _classifier(objective: Any, **settings: Any) -> nn.Module:
     """``EquilibriumClassifier`` (flattened state → linear head) with the shared training
     settings; ``unroll_steps`` (K of ``backward="unroll"``) is passed to the module."""
     import lowering
-    from lowering.classifier import EquilibriumClassifier, TrainingSettings
+    from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
     k = settings.pop("unroll_steps", None)
     ts = TrainingSettings(**settings)
@@ -148,8 +148,8 @@ def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
     import lowering
     from convex_eq import models
     from convex_eq_app.table import _branch_bounds
-    from lowering.classifier import EquilibriumClassifier, TrainingSettings
     from lowering.perturbation import cascade
+    from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
     pe, fusion = float(kw.get("pe", 0.0)), str(kw.get("fusion", "HD"))
     obj = models.conv_mopteq(image=(1, SIGNAL), channels=max(2, b.width // 16), kernels=(3, 7),

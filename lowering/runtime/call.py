@@ -53,6 +53,8 @@ class Call:
     bad_in: torch.Tensor | None = None
     planned: Planned | None = None
     compiled: tuple[CompiledSteps, CompiledSteps] | None = None
+    #: the samples' indices in the module's warm-start cache (None: no warm start)
+    sample_ids: torch.Tensor | None = None
 
 
 def strategy(mode: str) -> Any:
@@ -73,7 +75,7 @@ def t_fn(m: EquilibriumModule, keys_in: list[str], keys_env: list[str]) -> TFn:
 
 def general_call(m: EquilibriumModule, x: Any, z0: Any, return_stats: bool, steps: int,
                  weights: dict[str, torch.Tensor], out_dtype: torch.dtype,
-                 env: dict[str, torch.Tensor] | None) -> Any:
+                 env: dict[str, torch.Tensor] | None, ids: torch.Tensor | None = None) -> Any:
     """:meth:`~lowering.runtime.module.EquilibriumModule.forward` for any call."""
     inputs = inputs_of(m, x, out_dtype)
     if env is None:
@@ -84,6 +86,7 @@ def general_call(m: EquilibriumModule, x: Any, z0: Any, return_stats: bool, step
     if torch.autograd.forward_ad._current_level >= 0:  # (-1: no dual level entered)
         refuse_forward_ad(m, inputs, env)
     call = _read_call(m, inputs, env, z0, out_dtype, return_stats)
+    call.sample_ids = ids
     if steps:
         call.compiled = compiled_steps_of(m, steps)
     f = _applied(call.fn, call.tensors)
@@ -268,6 +271,10 @@ def finish(m: EquilibriumModule, call: Call, z_star: torch.Tensor, stats: Solver
     batch_stats = stats if bad_in is None else expand_stats(stats, ~bad_in)
     m.__dict__["last_stats"] = batch_stats
     ok, all_ok = judge(m, stats, bad_in)
+    if call.sample_ids is not None:  # the converged equilibria start these samples next time
+        ids = call.sample_ids if bad_in is None else call.sample_ids[~bad_in.to(
+            call.sample_ids.device)]
+        m.warm_start_cache.store(ids, z_star, stats.converged)  # type: ignore[union-attr]
     # batch index of each solved sample (None: the solve saw the whole batch), so that the
     # backward's statistics and messages name batch samples, not rows of a subset
     solved = torch.nonzero(~bad_in).flatten() if bad_in is not None else None

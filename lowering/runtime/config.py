@@ -28,7 +28,7 @@ class SolveConfig:
     """Forward fixed-point solve: ``solver`` from the registry, stop at relative residual ``tol``
     or after ``max_iter`` iterations; ``options`` go to the solver (e.g. Anderson's ``m``).
     The default ``"auto"`` runs plain iteration on small states while it converges fast and
-    Anderson otherwise (:func:`lowering.runtime.solvers.auto.auto`, measured in docs/theory.md §8)."""
+    Anderson otherwise (:func:`lowering.runtime.solvers.auto.auto`; docs/theory.md §8)."""
 
     solver: str = "auto"
     tol: float = 1e-6
@@ -114,8 +114,13 @@ class ModuleConfig:
     dtype: torch.dtype = torch.float32
     learnable_constants: bool = False
     #: inside ``torch.compile``: plain iterations (forward and adjoint, planned layers) run this
-    #: many per compiled call (:class:`lowering.runtime.solvers.CompiledSteps`); 0 keeps the eager loop
+    #: many per compiled call (:class:`lowering.runtime.solvers.CompiledSteps`); 0 keeps the
+    #: eager loop
     compile_steps: int = 16
+    #: warm starts: the number of samples (dataset indices) whose last equilibrium is kept and
+    #: used as the start of their next solve (``forward(x, sample_ids=...)``); 0: off.  Only
+    #: for layers whose equilibrium the certificate makes unique (docs/guide.md, warm starts)
+    warm_start: int = 0
 
     def __post_init__(self) -> None:
         if self.on_nonconvergence not in ON_FAIL:
@@ -140,6 +145,16 @@ class ModuleConfig:
                               term="torch_module",
                               hint="iterations per compiled call under torch.compile; 0 turns "
                               "compiled chunks off")
+        if isinstance(self.warm_start, bool) or not isinstance(self.warm_start, int) \
+                or self.warm_start < 0:
+            raise OptionError(f"warm_start = {self.warm_start!r} must be an int ≥ 0 (the number "
+                              "of samples whose equilibria are kept)", term="torch_module")
+        if self.warm_start and (self.sam is not None or self.backward.mode == "unroll"):
+            raise OptionError("warm_start needs a layer whose output does not depend on where "
+                              "its solve starts; "
+                              + ("SAM selects among several equilibria" if self.sam is not None
+                                 else "backward='unroll' returns the K-th iterate from the start"),
+                              term="torch_module", hint="leave warm_start at 0 here")
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise OptionError(f"dtype={self.dtype!r} is not a floating dtype",
                               term="torch_module")
@@ -181,7 +196,7 @@ FLAT_OPTIONS: dict[str, tuple[str | None, str]] = {
     "weight_bounds": ("weight_control", "bounds"),
     "on_nonconvergence": (None, "on_nonconvergence"), "sam": (None, "sam"),
     "dtype": (None, "dtype"), "learnable_constants": (None, "learnable_constants"),
-    "compile_steps": (None, "compile_steps"),
+    "compile_steps": (None, "compile_steps"), "warm_start": (None, "warm_start"),
 }
 
 

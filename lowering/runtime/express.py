@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def express_width(m: EquilibriumModule) -> int:
-    """The width of the one flat input when the layer can take the express call, else 0: one
+    """The width of the one flat input when the layer can take the express call, else -1: one
     state block with a plan, one input, no SAM, no unrolled backward, no output map, the state
     itself as the output.  The layer's part is decided once (the node tree does not change;
     ``_plannable`` turns False once a plan is refused); the options are read on every call
@@ -38,7 +38,7 @@ def express_width(m: EquilibriumModule) -> int:
     cfg = m.config
     d = m.__dict__
     if cfg.sam is not None or cfg.backward.mode == "unroll" or not d.get("_plannable", True):
-        return 0
+        return -1
     width = d.get("_express_spec")
     if width is None:
         derived = m.derived
@@ -46,17 +46,20 @@ def express_width(m: EquilibriumModule) -> int:
         outs = derived.output_blocks
         ok = (len(blocks) == 1 and len(syms) == 1 and derived.outputs is None
               and len(outs) == 1 and tuple(outs[0].shape) == (blocks[0].size,))
-        width = d["_express_spec"] = syms[0].size if ok else 0
+        width = d["_express_spec"] = syms[0].size if ok else -1
     return width
 
 
 def express_call(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Tensor],
-                 return_stats: bool) -> Any:
+                 return_stats: bool, z0: torch.Tensor | None = None,
+                 ids: torch.Tensor | None = None) -> Any:
     """The common call.  With the implicit backward and a plan that holds its state-free
     tensors in closed form (``plan.held``: the canonical ``σ(c + zM)``), the problem is posed
     on those tensors (``problem.held``: the implicit strategy differentiates the plan in closed
     form).  None when the input has NaN/Inf or the layer has no plan: nothing was solved, and
-    the general call (which reports or masks those samples) takes it with the same ``env``."""
+    the general call (which reports or masks those samples) takes it with the same ``env``.
+    ``z0``, ``ids``: a warm start from the module's cache and the samples' indices there (their
+    new equilibria are stored back)."""
     on = torch.is_grad_enabled()  # (grad_off's work inline: every call's first step)
     if on:
         set_grad_enabled(False)
@@ -69,7 +72,9 @@ def express_call(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Ten
         return None
     d = m.__dict__
     b = x.shape[0]
-    z0 = torch.zeros(b, d.get("_state_size") or m.state_size, dtype=x.dtype, device=x.device)
+    if z0 is None:
+        z0 = torch.zeros(b, d.get("_state_size") or m.state_size, dtype=x.dtype,
+                         device=x.device)
     name = m.input_syms[0].name
     plan = None
     misses = d.get("_held_misses")
@@ -80,7 +85,7 @@ def express_call(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Ten
         if plan is None and not d.get("_plannable", True):
             return None
     if plan is None:
-        return _express_leaves(m, x, env, z0, name, return_stats)
+        return _express_leaves(m, x, env, z0, name, return_stats, ids)
     fc = m.config.forward
     solve = SOLVERS.get(fc.solver) or get_solver(fc.solver)  # (the latter: a typed error)
     if on:
@@ -93,9 +98,11 @@ def express_call(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Ten
     image = stats.__dict__.pop("image", None)  # (not kept by last_stats)
     if not stats.all_converged:  # judged, masked or warned as any other call
         call = Call(t_fn(m, [name], list(env)), [x, *env.values()], 1, {name: x}, env, z0, b,
-                    x.dtype, return_stats)
+                    x.dtype, return_stats, sample_ids=ids)
         return finish(m, call, z_star, stats)
     d["last_stats"] = stats
+    if ids is not None:
+        m.warm_start_cache.store(ids, z_star, None)  # type: ignore[union-attr]
     problem = FixedPointProblem(plan.eval_with, list(plan.held), adjoint_config(m, None, None),
                                 backward_sink(m), plan, None, True, image)
     z = strategy(bc.mode).attach(problem, z_star, z0, bc)
@@ -139,7 +146,8 @@ def plan_held(m: EquilibriumModule, name: str, x: torch.Tensor, env: dict[str, t
 
 
 def _express_leaves(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Tensor],
-                    z0: torch.Tensor, name: str, return_stats: bool) -> Any:
+                    z0: torch.Tensor, name: str, return_stats: bool,
+                    ids: torch.Tensor | None) -> Any:
     """The express call for a plan differentiated through leaf copies of the tensors it was
     built from, or without gradients."""
     b = x.shape[0]
@@ -156,9 +164,11 @@ def _express_leaves(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.
     fn = t_fn(m, keys_in, keys_env)
     if not stats.all_converged:  # judged, masked or warned as any other call
         call = Call(fn, tensors, 1, {name: x}, env, z0, b, x.dtype, return_stats,
-                    planned=planned)
+                    planned=planned, sample_ids=ids)
         return finish(m, call, z_star, stats)
     m.__dict__["last_stats"] = stats
+    if ids is not None:
+        m.warm_start_cache.store(ids, z_star, None)  # type: ignore[union-attr]
     z = attach(m, fn, tensors, z_star, z0, planned, None, None, b)
     return (z, stats) if return_stats else z
 

@@ -29,6 +29,8 @@ def judge(m: EquilibriumModule, stats: SolverStats, bad_in: torch.Tensor | None
     The mask is None when the solver knows every sample converged (nothing to mask)."""
     if stats.all_converged and m.backward != "unroll":
         return None, True
+    if m.backward == "unroll":
+        report_unrolled(m, stats)
     nonfinite = stats.nonfinite if stats.nonfinite is not None else \
         torch.zeros_like(stats.converged)
     # an unrolled layer is K iterations by definition: only NaN/Inf fails it
@@ -70,6 +72,24 @@ def judge(m: EquilibriumModule, stats: SolverStats, bad_in: torch.Tensor | None
     warnings.warn(f"forward: {msg}; their outputs are NaN and excluded from the backward "
                   "(on_nonconvergence='mask')", ConvergenceWarning, stacklevel=5)
     return ok, False
+
+
+def report_unrolled(m: EquilibriumModule, stats: SolverStats) -> None:
+    """``backward="unroll"`` returns the ``K``-th plain iterate whatever its residual (the layer
+    is the ``K``-step map): its statistics say per sample whether it met ``tol``
+    (``converged``), and the first call whose iterate does not meet it warns, once per module
+    and ``K``, that the output is not an equilibrium."""
+    k = m.config.backward.unroll_steps
+    if m.__dict__.get("_unroll_reported") == k or not stats.converged.numel() \
+            or bool(stats.converged.all()):
+        return
+    m.__dict__["_unroll_reported"] = k
+    failed = ~stats.converged
+    warnings.warn(f"forward: backward='unroll' returns the plain iterate after K = {k} steps; for "
+                  f"{int(failed.sum())}/{failed.numel()} samples (indices {indices(failed)}) it "
+                  f"is not an equilibrium: relative residual up to {stats.max_residual:.3e} > tol "
+                  f"{stats.tol:g} (module.last_stats.converged says which; warned once per "
+                  "module)", ConvergenceWarning, stacklevel=6)
 
 
 def hint(m: EquilibriumModule) -> str:

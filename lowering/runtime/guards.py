@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from convex_eq.errors import NonFiniteError, OptionError, ShapeError
+from convex_eq.errors import InputTypeError, NonFiniteError, OptionError, ShapeError
 from lowering.derived import DerivedLayer
 
 from .grad_mode import grad_off
@@ -49,7 +49,7 @@ def inputs_of(m: EquilibriumModule, x: Any, dtype: torch.dtype | None = None
     """The inputs as name → flat ``(B, size)`` tensors of the module's dtype, checked."""
     syms = m.input_syms
     if isinstance(x, torch.Tensor) and len(syms) == 1 and x.layout == torch.strided \
-            and not x.is_nested and x.ndim == 2 and x.shape[1] == syms[0].size:
+            and not x.is_nested and not x.is_meta and x.ndim == 2 and x.shape[1] == syms[0].size:
         # the common call: one flat (B, size) dense input (a nested tensor has no .shape)
         dtype = m.dtype if dtype is None else dtype
         return {syms[0].name: x if x.dtype == dtype else x.to(dtype)}
@@ -60,6 +60,14 @@ def inputs_of(m: EquilibriumModule, x: Any, dtype: torch.dtype | None = None
         return {}
     if isinstance(x, dict):
         given = x
+        unknown = sorted(set(given) - {s.name for s in syms})
+        if unknown:
+            raise ShapeError(f"unknown input name(s) {unknown}; the layer's inputs are "
+                             f"{[s.name for s in syms]}", term="forward",
+                             hint="pass exactly the declared inputs by name")
+    elif not syms:
+        raise ShapeError("this layer has no input (its objective declares none), but one was "
+                         "passed", term="forward", hint="call module() or module(None)")
     else:
         if len(syms) != 1:
             raise ShapeError(f"layer has inputs {[s.name for s in syms]}", term="forward",
@@ -80,7 +88,14 @@ def _one_input(s: Any, given: dict[str, Any], dtype: torch.dtype) -> torch.Tenso
         raise ShapeError(f"missing input '{s.name}'", term="forward")
     t = given[s.name]
     if not isinstance(t, torch.Tensor):
-        raise ShapeError(f"input '{s.name}' must be a torch.Tensor", term="forward")
+        raise InputTypeError(f"input '{s.name}' is a {type(t).__module__}.{type(t).__name__}, "
+                             "not a torch.Tensor", term="forward",
+                             hint=f"convert it first: torch.as_tensor({s.name}) (a NumPy array: "
+                             f"torch.from_numpy({s.name}))")
+    if t.is_meta:  # (no values: the solve reads residuals on the host)
+        raise InputTypeError(f"input '{s.name}' is on the meta device: it has no values to "
+                             "solve for", term="forward",
+                             hint="pass a tensor on a real device (cpu or cuda)")
     if t.is_nested:  # (its .shape fails untyped in the strided layout)
         raise ShapeError(f"input '{s.name}' is a nested tensor; the layer takes one dense "
                          "tensor batched along dim 0", term="forward",

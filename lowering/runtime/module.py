@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from convex_eq.errors import OptionError
 from convex_eq.symbols import Symbol
 from lowering.derived import DerivedLayer
 from lowering.nodes import broadcast_batch
@@ -33,6 +34,7 @@ from .express import express_call, express_width
 from .guards import batch_coupled, refuse_coupled_mask, refuse_transforms
 from .scalars import check_learnable
 from .solvers import SolverStats
+from .warm_start import WarmStartCache, refuse_without_uniqueness
 from .weight_control import (
     ConditionStatus,
     certificate_conditions,
@@ -72,6 +74,11 @@ class EquilibriumModule(nn.Module):
             check_learnable(derived, list(self._scalar_maps), self.T, self.env(),
                             dict(self.scalar_params.items()))
         self._fingerprint = params.fingerprint(derived)
+        #: per-sample equilibria for warm starts (``warm_start=N``), None when off
+        self.warm_start_cache: WarmStartCache | None = None
+        if cfg.warm_start:
+            refuse_without_uniqueness(self)
+            self.warm_start_cache = WarmStartCache(cfg.warm_start, self.state_size)
         self.last_stats: SolverStats | None = None
         self.last_backward_stats: SolverStats | None = None
 
@@ -216,15 +223,19 @@ class EquilibriumModule(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Any = None, z0: torch.Tensor | None = None,
-                return_stats: bool = False) -> Any:
+                return_stats: bool = False, sample_ids: torch.Tensor | None = None) -> Any:
         """``z*(x)``: the equilibrium of ``T(·, x)`` (shaped like the state block, or a tuple of
         blocks), with the gradient of the configured backward strategy; ``return_stats`` also
-        returns the forward :class:`~lowering.runtime.solvers.SolverStats`.
+        returns the forward :class:`~lowering.runtime.solvers.SolverStats`.  ``z0``: a warm
+        start; ``sample_ids``: the dataset index of each sample, whose last equilibrium starts
+        its solve (a module built with ``warm_start=N``; docs/guide.md, warm starts).
 
         Inside ``torch.compile`` the branch below is what dynamo traces (``is_compiling()`` is
         True only while tracing, and the traced code keeps it): the solve itself stays a graph
         break, and its plain iterations run ``compile_steps`` at a time in one compiled call
         (docs/guide.md, torch.compile).  Eager calls never take it."""
+        if sample_ids is not None:
+            return self._warm_forward(x, z0, return_stats, sample_ids)
         if "torch._dynamo" not in sys.modules and type(self)._forward is _FORWARD_CALL \
                 and "_forward" not in self.__dict__:  # (nor an instance's own, e.g. a spy)
             # no compiler loaded: nothing to trace, nothing to disable (two calls fewer, cold)
@@ -238,9 +249,29 @@ class EquilibriumModule(nn.Module):
         return self._forward(x, z0, return_stats, 0)
 
     @compile_disabled
+    def _warm_forward(self, x: Any, z0: Any, return_stats: bool, ids: torch.Tensor) -> Any:
+        """:meth:`forward` with each sample started from its cached equilibrium."""
+        cache = self.warm_start_cache
+        if cache is None:
+            raise OptionError("sample_ids are given, but this module keeps no equilibria",
+                              term="forward", hint="build it with torch_module(warm_start="
+                              "len(dataset)) (layers with a unique equilibrium only)")
+        if z0 is not None:
+            raise OptionError("pass either z0 or sample_ids (whose cached equilibria are the "
+                              "start), not both", term="forward")
+        ref = next(iter(x.values())) if isinstance(x, dict) and x else x
+        b = ref.shape[0] if isinstance(ref, torch.Tensor) and ref.ndim else 1
+        ids = cache.check_ids(ids, b)
+        dt = torch.float32 if self.dtype in HALF else self.dtype
+        dev = ref.device if isinstance(ref, torch.Tensor) else params.device_of(self)
+        start = cache.start(ids, torch.zeros((), dtype=dt, device=dev))
+        return self._forward(x, start, return_stats, 0, ids)
+
+    @compile_disabled
     def _forward(self, x: Any, z0: torch.Tensor | None, return_stats: bool,
-                 steps: int) -> Any:
-        """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager): the
+                 steps: int, ids: torch.Tensor | None = None) -> Any:
+        """:meth:`forward` (``steps``: plain iterations per compiled call, 0: eager; ``ids``:
+        the samples' indices in the warm-start cache, ``z0`` then their cached start): the
         express call where it applies, else the general call."""
         refuse_transforms(self)
         # a plain attribute (no nn.Module bookkeeping); None until this call's solve has run,
@@ -253,17 +284,18 @@ class EquilibriumModule(nn.Module):
         ref = next(iter(weights.values()), None)
         out_dtype = ref.dtype if ref is not None else params.dtype_from(self, weights)
         env = None
-        if not steps and z0 is None and type(x) is torch.Tensor and x.dtype == out_dtype \
-                and x.layout == torch.strided and not x.is_nested \
+        if not steps and (z0 is None or ids is not None) and type(x) is torch.Tensor \
+                and x.dtype == out_dtype \
+                and x.layout == torch.strided and not x.is_nested and not x.is_meta \
                 and x.ndim == 2 and x.shape[0] and x.shape[1] == express_width(self) \
                 and out_dtype not in HALF and torch.autograd.forward_ad._current_level < 0:
             # (a disabled region already: env()'s own wrapper is not needed; an env set on the
             # instance, e.g. a test substituting a weight, is honoured)
             env = params.checked_env(self, weights) if "env" not in d else self.env()
-            out = express_call(self, x, env, return_stats)
+            out = express_call(self, x, env, return_stats, z0, ids)
             if out is not None:
                 return out
-        return general_call(self, x, z0, return_stats, steps, weights, out_dtype, env)
+        return general_call(self, x, z0, return_stats, steps, weights, out_dtype, env, ids)
 
     def extra_repr(self) -> str:
         """State shapes, solver, backward, tolerance and weight control, for ``repr``."""

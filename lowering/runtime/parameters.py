@@ -86,6 +86,14 @@ def dtype_from(m: EquilibriumModule, weights: dict[str, torch.Tensor]) -> torch.
     return ref.dtype if ref is not None else m.config.dtype
 
 
+def device_of(m: EquilibriumModule) -> torch.device:
+    """The device of the module's tensors (the CPU for a module without any)."""
+    t = next(iter(weight_values(m).values()), None)
+    if t is None:
+        t = next(iter(m.buffers()), None)
+    return t.device if t is not None else torch.device("cpu")
+
+
 def raw_env(m: EquilibriumModule, weights: dict[str, torch.Tensor] | None = None
             ) -> dict[str, torch.Tensor]:
     """Name → tensor of the weights (before weight control), constants and scalars."""

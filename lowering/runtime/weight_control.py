@@ -273,7 +273,7 @@ class WeightControl:
                 warnings.warn(f"weight control rescales '{name}': the norm bound of {op} is "
                               f"{sig:.4g} > {bound:g} (the certificate's condition); the layer "
                               f"uses {name}·{target / sig:.4g} so that its norm is ≤ "
-                              f"{target:g}", WeightControlWarning, stacklevel=4)
+                              f"{target:g}", WeightControlWarning, stacklevel=6)
             out.append((op, name, target))
         self.targets = out
 

@@ -31,9 +31,8 @@ class AdjointConfig:
     on_fail: str = "raise"  # "raise" | "warn" | "mask"
     method: str = "auto"
     batch_independent: bool = False
-    #: compiled chunks of plain adjoint iterations (:class:`~lowering.runtime.solvers.CompiledSteps`;
-    #: None: eager), used when ``Jᵀ`` comes from a plan (the module sets them inside
-    #: ``torch.compile``)
+    #: compiled chunks of plain adjoint iterations (a ``CompiledSteps``; None: eager), used
+    #: when ``Jᵀ`` comes from a plan (the module sets them inside ``torch.compile``)
     compiled_steps: CompiledSteps | None = None
     #: the batch index of each row of the adjoint problem when it holds a subset of the batch
     #: (samples masked out of the backward), so that messages name batch samples; None: all
@@ -62,13 +61,14 @@ class FixedPointProblem:
     tensors: list[torch.Tensor]
     adjoint: AdjointConfig
     sink: Callable[[SolverStats], None]
-    #: ``T`` planned at these tensors (:mod:`lowering.runtime.plan`), built with autograd from ``leaves``
-    #: (detached copies of ``tensors``): the first-order implicit backward linearises it
+    #: ``T`` planned at these tensors (:mod:`lowering.runtime.plan`), built with autograd
+    #: from ``leaves`` (detached copies of ``tensors``): the first-order implicit backward
+    #: linearises it
     plan: Any = None
     leaves: list[torch.Tensor] | None = None
     #: True when ``tensors`` are the plan's own held tensors (``plan.held``, built with
     #: autograd from the inputs and weights) and ``fn`` is ``plan.eval_with``: the implicit
-    #: backward then differentiates the plan in closed form (:class:`~lowering.runtime.backward.implicit.PlannedFixedPoint`)
+    #: backward then differentiates the plan in closed form (``implicit.PlannedFixedPoint``)
     held: bool = False
     #: ``T`` at the equilibrium as the forward solver computed it (or None): the planned
     #: backward reads ``f'`` there (``plan.linearize_at``)

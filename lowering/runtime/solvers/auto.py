@@ -9,7 +9,7 @@ import torch
 
 from convex_eq.errors import OptionError
 
-from . import anderson
+from .anderson import iterate as anderson_iterate
 from .compiled import compiled_name, plain_phase
 from .tracker import F, Tracker
 
@@ -39,27 +39,28 @@ def auto(f: F, z0: torch.Tensor, tr: Tracker, *, max_iter: int = 100, m: int = 5
         raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
     if z0.shape[-1] >= AUTO_ANDERSON_STATE:
         tr.name = "anderson"
-        anderson.iterate(f, z0, tr, max_iter, m, beta, lam, restart)
+        anderson_iterate(f, z0, tr, max_iter, m, beta, lam, restart)
         return
     tr.name = compiled_name("plain", tr.compiled)
     fz, k = plain_phase(f, z0, tr, max_iter, AutoWatch(tr, tr.tol, max_iter))
     if fz is not None:
         tr.name += "→anderson"
-        anderson.iterate(f, fz, tr, max_iter - k, m, beta, lam, restart)
+        anderson_iterate(f, fz, tr, max_iter - k, m, beta, lam, restart)
 
 
 class AutoWatch:
-    """``auto``'s switch test, asked by :func:`~lowering.runtime.solvers.compiled.plain_phase` after ``k`` evaluations once
+    """``auto``'s switch test, asked by
+    :func:`~lowering.runtime.solvers.compiled.plain_phase` after ``k`` evaluations once
     ``k ≥ next``: the worst residual's rate since the last test (``AUTO_WINDOW`` iterations
-    after the first) predicts the further plain iterations; more than ``min(AUTO_PLAIN_BUDGET,
-    left / 2)`` switches to Anderson (True).  Otherwise the next test comes after half the
-    predicted iterations, at least ``AUTO_WINDOW`` later: a rate that slows down is caught
-    within half of what it had predicted.  A prediction of at most ``AUTO_TAIL`` iterations is
-    tested again only ``AUTO_WINDOW`` past its end: a solve that ends as predicted is not asked
-    again (each test costs as much as an iteration of a small state, cold).  When that test
-    finds more than ``AUTO_TAIL`` still to go, the rate slowed down inside its long span, whose
-    average includes the faster start: the next test measures it over ``AUTO_WINDOW``
-    iterations again."""
+    after the first) predicts the further plain iterations; more than
+    ``min(AUTO_PLAIN_BUDGET, left / 2)`` switches to Anderson (True). Otherwise the next
+    test comes after half the predicted iterations, at least ``AUTO_WINDOW`` later: a rate
+    that slows down is caught within half of what it had predicted. A prediction of at most
+    ``AUTO_TAIL`` iterations is tested again only ``AUTO_WINDOW`` past its end: a solve that
+    ends as predicted is not asked again (each test costs as much as an iteration of a small
+    state, cold). When that test finds more than ``AUTO_TAIL`` still to go, the rate slowed
+    down inside its long span, whose average includes the faster start: the next test
+    measures it over ``AUTO_WINDOW`` iterations again."""
 
     __slots__ = ("k", "max_iter", "next", "tail", "then", "tol", "tr")
 

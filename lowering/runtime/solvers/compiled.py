@@ -97,8 +97,8 @@ def plain_phase(f: F, z0: torch.Tensor, tr: Tracker, max_iter: int,
     step: a group is not cut short, and the prediction mostly keeps it from running past the
     iterate where the eager loop stops (when the rate slows down it can run up to a group
     length past it; those iterations only move closer to the fixed point).  A replay
-    (:func:`~lowering.runtime.solvers.replay.best_per_sample`) runs the same schedule as eager steps, recording every iterate;
-    plain iterates do not depend on the grouping."""
+    (:func:`~lowering.runtime.solvers.replay.best_per_sample`) runs the same schedule as eager
+    steps, recording every iterate; plain iterates do not depend on the grouping."""
     steps = tr.compiled
     if steps is None:  # the eager loop
         return tr.plain_loop(f, z0, max_iter, watch)
