@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,14 @@ class LinOp:
         """Multiply–adds of one application to one sample (a dense matrix's ``m·n`` by default;
         structured operators say less), for cost decisions such as forming ``AᵀA``."""
         return self.in_size * self.out_size
+
+    def bound(self, env: Env | None, like: torch.Tensor
+              ) -> tuple[Callable[[torch.Tensor], torch.Tensor],
+                         Callable[[torch.Tensor], torch.Tensor]]:
+        """``(v ↦ A v, w ↦ Aᵀ w)`` with the weights of ``env`` resolved once (for repeated
+        applications at fixed weights, e.g. a solve's iterations); an operator with a matrix
+        returns bare matrix products."""
+        return (lambda v: self.apply(v, env)), (lambda w: self.adjoint(w, env))
 
     def gram(self, like: torch.Tensor, env: Env | None = None) -> torch.Tensor:
         """``AᵀA`` as an ``(in_size, in_size)`` tensor of ``like``'s dtype and device (default:

@@ -38,6 +38,12 @@ class Dense(LinOp):
         w = self.check_input(w, adjoint=True)
         return w @ resolve_weight(self.W, env, w, self)
 
+    def bound(self, env: Env | None, like: torch.Tensor) -> tuple[Any, Any]:
+        """``(v ↦ v Wᵀ, w ↦ w W)`` with ``W`` resolved once."""
+        w = resolve_weight(self.W, env, like, self)
+        wt = w.T
+        return (lambda v: v @ wt), (lambda u: u @ w)
+
     def gram(self, like: torch.Tensor, env: Env | None = None) -> torch.Tensor:
         """``WᵀW`` (one product, ``n²m``)."""
         w = resolve_weight(self.W, env, like, self)

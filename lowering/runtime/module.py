@@ -62,7 +62,6 @@ class EquilibriumModule(nn.Module):
         if cfg.on_nonconvergence == "mask":
             refuse_coupled_mask(self, term="torch_module")
         params.register_tensors(self, derived, cfg)
-        self._checked: dict[str, tuple[int, int]] = {}
         self.weight_control = make_weight_control(derived, cfg.weight_control,
                                                   list(self.weights.keys()),
                                                   lambda: params.raw_env(self))

@@ -18,6 +18,7 @@ from lowering.lower import lower
 
 from .config import ModuleConfig
 from .scalars import LearnableScalar
+from .versions import Checksums, finite
 from .weight_control import WeightControlWarning
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ def register_tensors(m: EquilibriumModule, derived: DerivedLayer, cfg: ModuleCon
     ``m.scalar_params`` with the map onto their declared range."""
     dtype = cfg.dtype
     m.weights = nn.ParameterDict()
+    m._checksums = Checksums()
     #: declared shapes, checked in env() (a wrongly shaped tensor put into ``weights`` or a
     #: buffer would otherwise surface as a torch broadcasting error deep inside T)
     m._shapes = {s.name: tuple(s.shape) for s in derived.parameters}
@@ -109,41 +111,39 @@ def raw_env(m: EquilibriumModule, weights: dict[str, torch.Tensor] | None = None
 
 def checked_env(m: EquilibriumModule, weights: dict[str, torch.Tensor]
                 ) -> dict[str, torch.Tensor]:
-    """:func:`raw_env` with every shape checked and each tensor's finiteness once per version
-    of it (an optimizer step), then weight control applied."""
+    """:func:`raw_env` with every shape and the finiteness of every tensor checked (from their
+    content keys, :mod:`lowering.runtime.versions`: one reduction and one host synchronisation
+    for all, a check no write can slip past), then weight control applied."""
     env = raw_env(m, weights) if m._const_names or m._scalar_names or m._scalar_maps \
         else dict(weights)  # (raw_env's whole work then, inline)
-    checked = m._checked
+    shapes = m._shapes
     for n, t in env.items():
-        want = m._shapes.get(n)
+        want = shapes.get(n)
         if want is not None and tuple(t.shape) != want:
             raise ShapeError(f"parameter '{n}' has shape {tuple(t.shape)}, the layer "
                              f"declares {want}", term=n, hint="load weights of the declared shape")
-        key = (t._version, t.data_ptr())
-        if checked.get(n) != key:
-            if not bool(torch.isfinite(t).all()):
-                # an Inf weight can give a finite output (relu(-inf) = 0) with NaN gradients
-                raise NonFiniteError(f"parameter '{n}' contains NaN or Inf", term=n,
-                                     hint="check the optimizer step / the loaded state_dict")
-            checked[n] = key
+    keys = m._checksums.keys(env)
+    for n, key in keys.items():
+        # an Inf weight can give a finite output (relu(-inf) = 0) with NaN gradients; a sum that
+        # overflowed is confirmed entry by entry
+        if not finite(key) and not bool(torch.isfinite(env[n]).all()):
+            raise NonFiniteError(f"parameter '{n}' contains NaN or Inf", term=n,
+                                 hint="check the optimizer step / the loaded state_dict")
     if m.weight_control is not None:
-        env = m.weight_control(m, env)
+        env = m.weight_control(m, env, keys)
     return env
 
 
 def refuse_nonfinite_weights(m: EquilibriumModule) -> None:
     """After NaN/Inf iterates: a weight or constant with NaN/Inf entries is named (a
-    ``NonFiniteError`` in every mode: it poisons every sample).  :func:`checked_env` checks
-    them once per version of a weight, which a write through ``.data`` does not change; this
-    check runs only when a solve has failed."""
+    ``NonFiniteError`` in every mode: it poisons every sample)."""
     tensors = {**weight_values(m), **{n: getattr(m, f"const_{n}") for n in m._const_names}}
     for name, t in tensors.items():
         with torch.no_grad():
             if not bool(torch.isfinite(t).all()):
                 raise NonFiniteError(
                     f"parameter '{name}' contains NaN or Inf (the solve's iterates became "
-                    "NaN/Inf); it was written without a version change of the tensor "
-                    "(e.g. through .data), so it was not caught when it was read",
+                    "NaN/Inf)",
                     term=name, hint="check the optimizer step / the loaded state_dict")
 
 

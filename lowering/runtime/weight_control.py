@@ -1,19 +1,19 @@
-"""Weight control: ``||A||₂ ≤ bound − margin`` for every weight named in a norm condition.
+"""Weight control: ``||A||₂ ≤ bound − margin`` for every weight named in a norm condition of
+the certificate (docs/guide.md, weight control).
 
-The rescaling uses a *guaranteed upper bound* ``σ̄(A) ≥ ||A||₂`` (never an estimate that
-usually holds), so the certified quantity cannot exceed its bound at any step:
-
-* ``W ↦ W · min(1, (bound − margin) / σ̄(W))`` gives ``||A(W_eff)||₂ ≤ bound − margin`` exactly
-  (up to one rounding of the scale, far below ``margin``);
-* ``σ̄`` is computed by a unit found in :data:`NORM_BOUNDS` (by operator type): the exact norm
-  ``σ = uᵀ A v`` from a dense SVD (top singular pair ``u, v`` cached per weight value, the
-  value and its gradient ``u vᵀ`` evaluated through the operator, so autograd gives the true
-  gradient of what is computed), or, for a 2-D convolution, the largest singular value over
-  the DFT frequencies of a circulant embedding (``max_ω σ_max(K̂(ω))``, an upper bound of the
-  zero-padded convolution's norm, differentiable through ``torch.fft``).
+* ``W ↦ W · min(1, (bound − margin) / ||A(W)||₂)``: a weight within its target is used as it is
+  (the declared layer, bit for bit); one above it is rescaled to norm ``bound − margin``;
+* ``||A||₂`` is the exact norm of the operator ``T`` applies (zero padding, stride, groups):
+  a dense SVD when small, power iteration to a relative change of 1e-10 otherwise
+  (:mod:`lowering.runtime.norms`), measured once per version of the weight (its content key,
+  :mod:`lowering.runtime.versions`); a guaranteed upper bound (a convolution's Fourier bound)
+  only skips the measurement when it already proves the target;
+* the rescaling is differentiable: ``σ = uᵀ A(W) v`` with the measured singular pair, whose
+  gradient ``u vᵀ`` is the norm's (first order).
 
 Modes: ``spectral_norm`` rescales functionally (differentiable); ``project`` rescales the stored
-parameter in place before each training forward.  See ``docs/theory.md`` §8.
+parameter in place before each training forward.  The margin (default 0.01) also covers the
+power iteration's tolerance.
 """
 
 from __future__ import annotations
@@ -25,25 +25,12 @@ from typing import Any
 
 import torch
 
-from convex_eq.errors import NonFiniteError, OptionError
+from convex_eq.errors import OptionError
+
+from .norms import TopPair, sigma_through, top_pair, upper_bound
+from .versions import Checksums
 
 MODES = ("spectral_norm", "project")
-#: largest operator (rows × columns) the generic exact bound materialises
-MAX_DENSE_ENTRIES = 4096 * 4096
-
-NormBound = Callable[[Any, str, dict, "WeightControl"], torch.Tensor]
-NORM_BOUNDS: dict[str, NormBound] = {}
-
-
-def register_norm_bound(op_type: str) -> Callable[[NormBound], NormBound]:
-    """Register ``fn(op, weight_name, env, control) → σ̄`` (a differentiable 0-d tensor with
-    ``σ̄ ≥ ||op||₂`` at ``env``) for operators whose class is named ``op_type``."""
-
-    def deco(fn: NormBound) -> NormBound:
-        NORM_BOUNDS[op_type] = fn
-        return fn
-
-    return deco
 
 
 def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
@@ -56,104 +43,8 @@ def norm_conditions(derived: Any) -> list[tuple[Any, float]]:
     return conds
 
 
-def _dense_matrix(op: Any, env: dict) -> torch.Tensor:
-    """The operator as a dense float64 matrix (no autograd)."""
-    if op.in_size * op.out_size > MAX_DENSE_ENTRIES:
-        raise OptionError(
-            f"weight control needs ||{op}||₂ and no norm bound is registered for "
-            f"{type(op).__name__}; its dense matrix ({op.out_size}×{op.in_size}) is too large "
-            "to factorise", term="weight_control",
-            hint="register a bound with lowering.runtime.weight_control.register_norm_bound")
-    with torch.no_grad():
-        e64 = {k: (v.detach().double() if torch.is_tensor(v) and v.is_floating_point() else v)
-               for k, v in env.items()}
-        eye = torch.eye(op.in_size, dtype=torch.float64,
-                        device=next(iter(env.values())).device)
-        return op.apply(eye, e64).T
-
-
 #: half-precision dtypes, whose norms are measured in float32
 _HALF = (torch.float16, torch.bfloat16)
-
-
-@register_norm_bound("LinOp")
-def exact_norm(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
-    """``||A||₂ = uᵀ A v`` with the top singular pair of the dense matrix (cached per value of
-    the weight); value and gradient flow through ``op.apply``."""
-    w = env[name]
-    key = (name, w._version, w.data_ptr(), str(w.dtype))
-    cached = control.cache.get(name)
-    # the version counter misses writes through ``w.data`` (``W.data.copy_(pretrained)``): a
-    # stale pair would give ``uᵀAv < ||A||₂`` (no bound at all), so the values are compared too
-    if cached is None or cached[0] != key or not torch.equal(cached[3], w.detach()):
-        # normal tensors also when made under inference_mode: the pair is multiplied into the
-        # autograd graph of a later training call (an inference tensor cannot be saved there)
-        with torch.inference_mode(False):
-            M = _dense_matrix(op, env)
-            if not bool(torch.isfinite(M).all()):  # (a write through .data passed env's check)
-                raise NonFiniteError(f"parameter '{name}' contains NaN or Inf", term=name,
-                                     hint="check the optimizer step / the loaded state_dict")
-            U, _, Vh = torch.linalg.svd(M, full_matrices=False)
-            cached = (key, U[:, 0].contiguous(), Vh[0].contiguous(), w.detach().clone())
-        control.cache[name] = cached
-    _, u, v, _ = cached
-    if w.dtype in _HALF:
-        # uᵀAv in float32 (the half values are exact there; a float16/bfloat16 product would
-        # round σ by up to 2⁻⁸ relative, and a σ that reads low is no bound: a bfloat16 weight
-        # of norm 1.00045 read 1.0); the cast keeps the gradient to the weight
-        env = {k: (t.float() if torch.is_tensor(t) and t.dtype in _HALF else t)
-               for k, t in env.items()}
-        av = op.apply(v.float()[None], env)[0]
-    else:
-        av = op.apply(v.to(w.dtype)[None], env)[0]
-    sig = (u.to(av.dtype) * av).sum().to(torch.float64)
-    target = next((t for _, n, t in control.targets if n == name), None)
-    return sig if target is None else _FirstOrderNorm.apply(sig, target, name)
-
-
-@register_norm_bound("_ConvNd")
-@register_norm_bound("Conv2d")
-def conv_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
-    """``max_ω σ_max(K̂_g(ω))`` over the DFT grid of size ``n + k + p`` per spatial axis and over
-    the groups ``g``: the zero-padded (and strided: a row subset) convolution is a compression of
-    that circulant operator, whose singular values are those of the per-frequency
-    ``C_out/g × C_in/g`` matrices (1-D and 2-D convolutions alike)."""
-    if getattr(op, "dilation", 1) not in (1, (1,), (1, 1)):
-        return exact_norm(op, name, env, control)
-    K = env[name].to(torch.float64)
-    nd = K.ndim - 2
-    spatial = op.in_shape[1:]
-    ks = K.shape[2:]
-    pads = tuple(op.padding) if isinstance(op.padding, (tuple, list)) else (op.padding,) * nd
-    sizes = [n + k + p for n, k, p in zip(spatial, ks, pads)]
-    Kh = torch.fft.fftn(K, s=sizes, dim=tuple(range(2, 2 + nd)))  # (C_out, C_in/g, *sizes)
-    groups = int(getattr(op, "groups", 1))
-    per_group = K.shape[0] // groups
-    freqs = 1
-    for n in sizes:
-        freqs *= n
-    best = []
-    for g in range(groups):
-        blk = Kh[g * per_group:(g + 1) * per_group]
-        mats = blk.permute(*range(2, 2 + nd), 0, 1).reshape(freqs, blk.shape[0], blk.shape[1])
-        try:
-            best.append(torch.linalg.matrix_norm(mats, ord=2).max())
-        except torch.linalg.LinAlgError:  # checked only then: no host sync on every call
-            if bool(torch.isfinite(K).all()):
-                raise
-            raise NonFiniteError(f"parameter '{name}' contains NaN or Inf", term=name,
-                                 hint="check the optimizer step / the loaded state_dict"
-                                 ) from None
-    return torch.stack(best).max()
-
-
-def norm_bound(op: Any, name: str, env: dict, control: WeightControl) -> torch.Tensor:
-    """The registered bound for ``op`` (by class, most specific first)."""
-    for cls in type(op).__mro__:
-        fn = NORM_BOUNDS.get(cls.__name__)
-        if fn is not None:
-            return fn(op, name, env, control)
-    return exact_norm(op, name, env, control)
 
 
 def controlled_conditions(derived: Any, trainable: Collection[str] | None = None
@@ -229,7 +120,11 @@ def kept_by(condition: Any, control: WeightControl | None,
 
 
 class WeightControl:
-    """Applies the chosen control to every weight with a spectral-norm condition."""
+    """Keeps ``||A||₂ ≤ target`` for every weight with a spectral-norm condition
+    (docs/guide.md, weight control).  The norm is measured once per version of the weight (its
+    content key, :mod:`lowering.runtime.versions`): exactly where cheap, by power iteration on
+    the actual operator otherwise (:mod:`lowering.runtime.norms`); a weight whose norm is within
+    its target is used as it is."""
 
     def __init__(self, derived: Any, mode: str, margin: float,
                  bounds: dict[str, float] | None = None,
@@ -240,60 +135,141 @@ class WeightControl:
         if not 0 <= margin < 1:
             raise OptionError("margin must lie in [0, 1)", term="torch_module")
         self.mode, self.margin = mode, margin
-        self.cache: dict[str, Any] = {}
-        #: ``project``: per weight, the (version, data pointer) and values it was left at
-        self.projected: dict[str, Any] = {}
+        #: per weight name: ``(content key, TopPair or None, ||A||₂ ≤ target proved by an upper
+        #: bound)``, the measurement of the weight version with that key
+        self.measured: dict[str, tuple[tuple, TopPair | None, bool]] = {}
+        self.checksums = Checksums()
         self.targets: list[tuple[Any, str, float]] = []
+        #: the certificate's bound of each controlled weight (the warning names it)
+        self.bounds: dict[str, float] = {}
         for op, name, bound in controlled_conditions(derived, trainable):
             self.targets.append((op, name, bound - margin))
+            self.bounds[name] = bound
         for name, bound in (bounds or {}).items():
             op = _operator_for(derived, name)
             self.targets = [t for t in self.targets if t[1] != name]
             self.targets.append((op, name, bound - margin))
+            self.bounds[name] = bound
         if not self.targets:
             raise OptionError("weight control requested but the certificate has no "
                               "||W||₂ ≤ bound condition", term="torch_module",
                               hint="name the weights to control: weight_bounds={'W': 1.0}")
 
+    def __getstate__(self) -> dict:
+        state = {**self.__dict__, "measured": {}}
+        state.pop("cache", None)
+        state.pop("projected", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("measured", {})
+        self.__dict__.setdefault("checksums", Checksums())
+        self.__dict__.setdefault("bounds", {n: t + self.margin for _, n, t in self.targets})
+
+    def measure(self, op: Any, name: str, env: dict, key: tuple | None = None,
+                target: float | None = None) -> tuple[TopPair | None, bool]:
+        """``(top singular pair, below)`` of ``op`` at ``env`` for the weight version ``key``
+        (measured once per version): ``below`` when a guaranteed upper bound already proves
+        ``||op||₂ ≤ target`` (no pair is then computed)."""
+        if key is None:
+            key = self.checksums.keys({name: env[name]})[name]
+        have = self.measured.get(name)
+        if have is not None and have[0] == key and (have[1] is not None or target is not None):
+            return have[1], have[2]
+        if target is not None:
+            ub = upper_bound(op, name, env)
+            if ub is not None and ub <= target:
+                self.measured[name] = (key, None, True)
+                return None, True
+        start = have[1].v if have is not None and have[1] is not None else None
+        pair = top_pair(op, name, env, start)
+        self.measured[name] = (key, pair, False)
+        return pair, False
+
+    def sigma(self, op: Any, name: str, env: dict) -> float:
+        """``||op||₂`` at ``env`` (exact to the power iteration's tolerance)."""
+        pair, _ = self.measure(op, name, env)
+        assert pair is not None
+        return pair.sigma
+
     def calibrate(self, env: dict) -> None:
         """``weight_control='auto'``: never change weights that satisfy the certificate.  A
-        weight whose bound ``σ̄₀`` lies in ``(bound − margin, bound]`` keeps ``σ̄₀`` as its
+        weight whose norm ``σ₀`` lies in ``(bound − margin, bound]`` keeps ``σ₀`` as its
         target (the declared layer is unchanged, bit for bit); one above ``bound`` is rescaled
-        to ``bound − margin`` with a :class:`WeightControlWarning` naming it."""
+        to ``bound − margin`` with a :class:`WeightControlWarning` naming the condition and the
+        measured norm."""
         out = []
         for op, name, target in self.targets:
             bound = target + self.margin
-            with torch.no_grad():
-                sig = float(norm_bound(op, name, env, self))
+            sig = self.sigma(op, name, env)
             # 1e-9: the round-off of a norm computed in float64 from weights declared exactly at
             # the bound (e.g. singular values 1 by construction) — not a violation
             if target < sig <= bound * (1 + 1e-9):
                 target = sig
             elif sig > bound:
-                warnings.warn(f"weight control rescales '{name}': the norm bound of {op} is "
-                              f"{sig:.4g} > {bound:g} (the certificate's condition); the layer "
-                              f"uses {name}·{target / sig:.4g} so that its norm is ≤ "
+                warnings.warn(f"weight control rescales '{name}': the certificate's condition "
+                              f"||{op}||₂ ≤ {bound:g} does not hold (||{op}||₂ = {sig:.4g}); "
+                              f"the layer uses {name}·{target / sig:.4g}, whose norm is "
                               f"{target:g}", WeightControlWarning, stacklevel=6)
             out.append((op, name, target))
         self.targets = out
 
-    def __getstate__(self) -> dict:
-        state = {**self.__dict__, "cache": {}, "projected": {}}
-        state.pop("rounded", None)
-        return state
+    def norms(self, env: dict) -> dict[str, tuple[float, float]]:
+        """``name → (||op||₂ of the controlled operator at env, target)``."""
+        return {name: (self.sigma(op, name, env), target) for op, name, target in self.targets}
+
+    def __call__(self, module: Any, env: dict, keys: dict[str, tuple] | None = None) -> dict:
+        """The controlled weights: a weight within its target as it is; otherwise rescaled,
+        functionally (``spectral_norm``, differentiable) or in place before a training forward
+        (``project``; in eval mode both rescale functionally, leaving parameters alone).
+        ``keys``: the content keys of ``env``'s tensors when the caller has them."""
+        env = dict(env)
+        for op, name, target in self.targets:
+            w = env[name]
+            key = keys.get(name) if keys is not None else None
+            if self.mode == "project" and module.training:
+                env[name] = self._project(module, op, name, env, key, target)
+                continue
+            pair, below = self.measure(op, name, env, key, target)
+            if below or pair.sigma <= target:  # (type: ignore below: pair set when not below)
+                continue  # within its target: the weight itself (the scale is 1 nearby)
+            sig = _FirstOrderNorm.apply(sigma_through(op, env, pair, w.dtype), target, name)
+            if w.dtype in _HALF:
+                env[name] = self._scaled_below(op, name, env, w, target / sig, target)
+            else:
+                env[name] = w * (target / sig).to(w.dtype)
+        return env
+
+    def _project(self, module: Any, op: Any, name: str, env: dict, key: tuple | None,
+                 target: float) -> torch.Tensor:
+        """``project``: the stored parameter rescaled in place to norm ``target`` when above it
+        (once per version of the weight)."""
+        p = module.weights[name]
+        pair, below = self.measure(op, name, env, key, target)
+        if below or pair.sigma <= target:
+            return p
+        with torch.no_grad():
+            p.mul_(target / pair.sigma)
+            for k in range(8 if p.dtype in _HALF else 0):
+                # the in-place product is rounded to the half dtype: measured (and shrunk by a
+                # growing extra step, see _scaled_below)
+                sig_h = self._rounded_norm(op, name, env, p)
+                if sig_h <= target:
+                    break
+                p.mul_(target / sig_h * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
+        return p
 
     def _rounded_norm(self, op: Any, name: str, env: dict, value: torch.Tensor) -> float:
-        """``σ̄`` of the operator at a rounded half-precision ``value`` of weight ``name`` (its
-        singular pair cached apart from the weight's own, so that neither evicts the other)."""
-        meas = self.__dict__.setdefault("rounded", _Measure())
-        with torch.no_grad():
-            return float(norm_bound(op, name, {**env, name: value.detach()}, meas))
+        """``||op||₂`` at a rounded half-precision ``value`` of weight ``name``."""
+        return top_pair(op, name, {**env, name: value.detach()}).sigma
 
     def _scaled_below(self, op: Any, name: str, env: dict, w: torch.Tensor,
                       scale: torch.Tensor, target: float) -> torch.Tensor:
-        """``w·s`` rounded to ``w``'s (half) dtype with ``σ̄ ≤ target`` measured at the rounded
-        value: a bfloat16 rounding of ``w·s`` reads up to ~2⁻⁸ above ``s·σ̄(w) = target``, so
-        ``s`` shrinks by the measured excess (differentiable in ``s`` as before)."""
+        """``w·s`` rounded to ``w``'s (half) dtype with ``||op||₂ ≤ target`` measured at the
+        rounded value: a bfloat16 rounding of ``w·s`` reads up to ~2⁻⁸ above
+        ``s·||op(w)||₂ = target``, so ``s`` shrinks by the measured excess (differentiable in
+        ``s`` as before)."""
         eps = torch.finfo(w.dtype).eps
         for k in range(8):
             wh = (w.float() * scale.float()).to(w.dtype)
@@ -306,51 +282,6 @@ class WeightControl:
         raise OptionError(f"weight control could not round '{name}' to {w.dtype} below its "
                           f"target norm {target:g}", term="weight_control",
                           hint="use a larger margin or a float32 module")
-
-    def norms(self, env: dict) -> dict[str, tuple[float, float]]:
-        """``name → (σ̄ of the controlled operator at env, target)`` (for logging and tests)."""
-        with torch.no_grad():
-            return {name: (float(norm_bound(op, name, env, self)), target)
-                    for op, name, target in self.targets}
-
-    def __call__(self, module: Any, env: dict) -> dict:
-        """The controlled weights (``project`` rescales the parameter in place in training
-        mode only; in eval mode both modes rescale functionally, leaving parameters alone)."""
-        env = dict(env)
-        for op, name, target in self.targets:
-            if self.mode == "project" and module.training:
-                p = module.weights[name]
-                # measured once per change of the weight: a projected weight's norm is the
-                # target up to a rounding, and projecting it again for that rounding would
-                # write into a parameter an earlier forward's graph still holds (a loss over
-                # two calls then failed in backward: "modified by an inplace operation")
-                done = getattr(self, "projected", {}).get(name)  # (older pickles: none)
-                if done is None or done[0] != (p._version, p.data_ptr()) \
-                        or not torch.equal(done[1], p.detach()):
-                    with torch.no_grad():
-                        sig = float(norm_bound(op, name, env, self))
-                        if sig > target:
-                            p.mul_(target / sig)
-                            for k in range(8 if p.dtype in _HALF else 0):
-                                # the in-place product is rounded to the half dtype: measured
-                                # (and shrunk by a growing extra step, see _scaled_below)
-                                sig_h = self._rounded_norm(op, name, env, p)
-                                if sig_h <= target:
-                                    break
-                                p.mul_(target / sig_h
-                                       * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
-                    self.__dict__.setdefault("projected", {})[name] = (
-                        (p._version, p.data_ptr()), p.detach().clone())
-                env[name] = p
-            else:
-                sig = norm_bound(op, name, env, self)
-                w = env[name]
-                if w.dtype in _HALF and bool(sig > target):  # (else: w itself, nothing rounded)
-                    env[name] = self._scaled_below(op, name, env, w, target / sig, target)
-                else:
-                    scale = torch.clamp(target / sig, max=1.0).to(w.dtype)
-                    env[name] = w * scale
-        return env
 
 
 def make_weight_control(derived: Any, cfg: Any, trainable: list[str],
@@ -394,16 +325,8 @@ def warn_uncontrolled(derived: Any, control: WeightControl | None, trainable: li
         UncontrolledConditionWarning, stacklevel=5)
 
 
-class _Measure:
-    """The cache :func:`exact_norm` needs, for norms measured outside the control's targets."""
-
-    def __init__(self) -> None:
-        self.cache: dict[str, Any] = {}
-        self.targets: tuple = ()
-
-
 class _FirstOrderNorm(torch.autograd.Function):
-    """Identity on :func:`exact_norm`'s ``σ``, whose derivative is exact to first order only: the
+    """Identity on ``σ = uᵀAv``, whose derivative is exact to first order only: the
     singular pair ``u, v`` of ``σ = uᵀAv`` is held fixed, so ``d²σ`` misses the pair's own
     change (a Hessian w.r.t. a rescaled weight came out 4 % off).  Its backward refuses
     ``create_graph=True`` with a typed error while the rescaling is active (``σ̄ > target``;

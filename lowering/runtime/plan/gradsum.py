@@ -198,6 +198,13 @@ def _linear_plan(node: GradSum, recipe: Recipe, t: Term, st: Affine, ctx: pl.Pla
             gram = op.gram(like, ctx.env)
             # AᵀA: symmetric (Jᵀ applies it as is, without a transpose view)
             return pl.Matrix(gram if e * e == 1.0 else (e * e) * gram, symmetric=True)
+        like = ctx.like if ctx.like is not None else next(iter(ctx.values.values()), None)
+        if like is not None:  # e²·Aᵀ(A z) with A's weights resolved once
+            fwd, adj = op.bound(ctx.env, like)
+            ee = e * e
+            if ee == 1.0:
+                return pl.SelfAdjoint(lambda z: adj(fwd(z)))
+            return pl.SelfAdjoint(lambda z: ee * adj(fwd(z)))
     fwd, adj = _forward(st, node.block, ctx.env), _adjoint(st, node.block, ctx.env)
     return pl.SelfAdjoint(lambda z: adj(fwd(z)))
 

@@ -13,13 +13,16 @@ from .anderson import iterate as anderson_iterate
 from .compiled import compiled_name, plain_phase
 from .tracker import F, Tracker
 
-#: ``auto``: Anderson from the start for states of at least this size (there one evaluation of
-#: ``T`` costs more than Anderson's bookkeeping, and Anderson needs several times fewer); below
-#: it plain iteration, continued by Anderson once the rate observed over ``AUTO_WINDOW``
+#: ``auto``: Anderson from the start for states of at least this size in batches of at least
+#: ``AUTO_ANDERSON_WORK`` entries (there one evaluation of ``T`` costs more than Anderson's
+#: bookkeeping, and Anderson needs several times fewer); otherwise (small batches of large
+#: states too: there Anderson's fixed costs per iteration dominate) plain iteration, continued
+#: by Anderson once the rate observed over ``AUTO_WINDOW``
 #: iterations predicts more than ``AUTO_PLAIN_BUDGET`` further iterations (or more than half of
 #: those left): a plain iteration of a small state costs ~1/5 of an Anderson one, and Anderson
 #: needs ~10–20 here; measured in docs/theory.md §8
 AUTO_ANDERSON_STATE = 256
+AUTO_ANDERSON_WORK = 256 * 32
 AUTO_PLAIN_BUDGET = 60
 AUTO_WINDOW = 4
 #: a prediction of at most this many further plain iterations is tested again only
@@ -30,14 +33,15 @@ AUTO_TAIL = 16
 def auto(f: F, z0: torch.Tensor, tr: Tracker, *, max_iter: int = 100, m: int = 5,
          beta: float = 1.0, lam: float = 1e-8, restart: int | None = None) -> None:
     """Plain iteration while it converges fast, Anderson otherwise: Anderson from the start for
-    states with ``N ≥ AUTO_ANDERSON_STATE``; below that, plain iteration, continued by Anderson
+    states with ``N ≥ AUTO_ANDERSON_STATE`` in batches with ``B·N ≥ AUTO_ANDERSON_WORK``;
+    otherwise plain iteration, continued by Anderson
     (from the current iterate, same statistics) once the worst residual's rate since the last
     test predicts more than ``min(AUTO_PLAIN_BUDGET, left / 2)`` further plain iterations
     (:class:`AutoWatch`).  The choice depends on the residuals only (deterministic);
     ``stats.solver`` says what ran (``"plain"``, ``"anderson"``, ``"plain→anderson"``)."""
     if m < 1:
         raise OptionError("Anderson history m must be ≥ 1", term="solver auto")
-    if z0.shape[-1] >= AUTO_ANDERSON_STATE:
+    if z0.shape[-1] >= AUTO_ANDERSON_STATE and z0.numel() >= AUTO_ANDERSON_WORK:
         tr.name = "anderson"
         anderson_iterate(f, z0, tr, max_iter, m, beta, lam, restart)
         return
