@@ -1,7 +1,11 @@
 """The shared training loop of the demo and the MNIST-1D table.
 
-Adam on the cross-entropy with a cosine learning-rate schedule, minibatches drawn from a seeded
-generator, optional shift augmentation (the same for every model); per epoch it logs the mean
+Adam on the cross-entropy with a cosine learning-rate schedule, minibatches from a
+``torch.utils.data.DataLoader`` (a seeded shuffle of the set's training part, or a loader of
+your own yielding ``(x, y)`` or ``(x, y, index)``), optional shift augmentation (the same for
+every model), optional warm starts of the equilibrium layer from each sample's last
+equilibrium (``TrainConfig.warm_start``, for layers whose certificate makes it unique;
+docs/guide.md, warm starts); per epoch it logs the mean
 loss, the accuracy on the held-out part and, for an
 :class:`~lowering.runtime.classifier.EquilibriumClassifier`, the forward and backward solver
 statistics (:class:`~lowering.runtime.classifier.StatsMeter`).  Convergence warnings of the
@@ -38,6 +42,9 @@ class TrainConfig:
     shift: int = 0
     device: str = "cpu"
     eval_batch: int = 1000
+    #: start each training sample's solve from its equilibrium of the epoch before (an
+    #: EquilibriumClassifier whose layer has a uniqueness certificate; refused otherwise)
+    warm_start: bool = False
 
 
 @dataclass
@@ -85,49 +92,75 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
     return correct / max(1, len(x))
 
 
-def fit(model: nn.Module, data: Dataset, cfg: TrainConfig, name: str, progress: bool = False,
-        on_epoch: Callable[[dict[str, float]], None] | None = None) -> Result:
-    """Train ``model`` on ``data`` (its test part is only evaluated, once per epoch, for the
-    history and the final accuracy); returns the :class:`Result`."""
+class IndexedTensors(torch.utils.data.Dataset):
+    """``(x[i], y[i], i)``: tensors as a map-style dataset that also yields each sample's index
+    (what warm starts are keyed on); indexing with a list of indices returns a whole batch."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(i, device=self.y.device)
+        return self.x[idx], self.y[idx], idx
+
+
+def batches(x: torch.Tensor, y: torch.Tensor, batch: int, generator: torch.Generator
+            ) -> torch.utils.data.DataLoader:
+    """A loader of shuffled minibatches ``(x, y, index)`` of in-memory tensors (one tensor
+    indexing per batch: a ``BatchSampler`` over a seeded ``RandomSampler``)."""
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    ds = IndexedTensors(x, y)
+    sampler = BatchSampler(RandomSampler(ds, generator=generator), batch, drop_last=False)
+    return DataLoader(ds, sampler=sampler, batch_size=None)
+
+
+def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: TrainConfig,
+        name: str, progress: bool = False,
+        on_epoch: Callable[[dict[str, float]], None] | None = None,
+        test: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
+    """Train ``model`` on ``data`` — a :class:`~convex_eq_app.data.Dataset` (its test part is only
+    evaluated, once per epoch, for the history and the final accuracy) or a
+    ``torch.utils.data.DataLoader`` of ``(x, y)`` or ``(x, y, index)`` batches with ``test``
+    the held-out ``(x, y)`` — and return the :class:`Result`."""
     from tqdm import tqdm
 
     dev = resolve_device(cfg.device)
     model.to(dev)
-    data = data.to(dev)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    if isinstance(data, Dataset):
+        data = data.to(dev)
+        loader = batches(data.x_train, data.y_train, cfg.batch, gen)
+        test = (data.x_test, data.y_test)
+    elif test is None:
+        raise OptionError("a DataLoader trains, but nothing is held out to report accuracy on",
+                          term="fit", hint="pass test=(x_test, y_test)")
+    else:
+        loader = data
+    x_test, y_test = (t.to(dev) for t in test)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
     eq = model if isinstance(model, EquilibriumClassifier) else None
+    if cfg.warm_start:
+        if eq is None:
+            raise OptionError(f"warm_start applies to an EquilibriumClassifier, not to "
+                              f"{type(model).__name__}", term="TrainConfig.warm_start",
+                              hint="train this model with warm_start=False")
+        eq.enable_warm_start(len(loader.dataset))  # a typed error without uniqueness
     res = Result(name, params=n_params(model))
-    xtr, ytr = data.x_train, data.y_train
     t0 = time.perf_counter()
     bar = tqdm(range(cfg.epochs), desc=f"{name:<24}", disable=not progress, leave=True)
     fwd_capped = bwd_capped = 0
     for epoch in bar:
-        model.train()
         te = time.perf_counter()
-        perm = torch.randperm(len(xtr), generator=gen).to(dev)
-        meter = StatsMeter()
-        tot, nb = 0.0, 0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)  # counted from the stats
-            for i in range(0, len(xtr), cfg.batch):
-                idx = perm[i:i + cfg.batch]
-                xb = random_shift(xtr[idx], cfg.shift, gen) if cfg.shift else xtr[idx]
-                if eq is not None:
-                    eq.reset_stats()
-                loss = nn.functional.cross_entropy(model(xb), ytr[idx])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                if eq is not None:
-                    meter.update(eq.solver_stats())
-                tot += float(loss.detach())
-                nb += 1
+        loss, meter = _epoch(model, eq, loader, opt, cfg, gen, dev)
         sched.step()
-        acc = accuracy(model, data.x_test, data.y_test, cfg.eval_batch)
-        row: dict[str, float] = {"epoch": epoch + 1, "loss": tot / nb, "test_acc": acc}
+        acc = accuracy(model, x_test, y_test, cfg.eval_batch)
+        row: dict[str, float] = {"epoch": epoch + 1, "loss": loss, "test_acc": acc}
         if eq is not None:
             s = meter.summary()
             row.update(s)
@@ -135,20 +168,48 @@ def fit(model: nn.Module, data: Dataset, cfg: TrainConfig, name: str, progress: 
             bwd_capped += int(s["bwd_capped"])
         row["seconds"] = time.perf_counter() - te
         res.history.append(row)
-        bar.set_postfix(loss=f"{tot / nb:.3f}", acc=f"{acc:.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}")
         if on_epoch is not None:
             on_epoch(row)
     res.train_time = time.perf_counter() - t0
     res.accuracy = res.history[-1]["test_acc"] if res.history else \
-        accuracy(model, data.x_test, data.y_test, cfg.eval_batch)
+        accuracy(model, x_test, y_test, cfg.eval_batch)
     if eq is not None:
         res.nonconvergence = (fwd_capped, bwd_capped)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            st = eq.measure(data.x_test[: cfg.eval_batch])
+            st = eq.measure(x_test[: cfg.eval_batch])
         res.mean_iterations = float(st.iterations.double().mean())
         res.final_residual = st.max_residual
     return res
+
+
+def _epoch(model: nn.Module, eq: EquilibriumClassifier | None,
+           loader: torch.utils.data.DataLoader, opt: torch.optim.Optimizer, cfg: TrainConfig,
+           gen: torch.Generator, dev: torch.device) -> tuple[float, StatsMeter]:
+    """One pass over ``loader``: ``(mean loss, the solver statistics of its steps)``."""
+    model.train()
+    meter = StatsMeter()
+    tot, nb = 0.0, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # counted from the stats
+        for batch in loader:
+            xb, yb = batch[0].to(dev), batch[1].to(dev)
+            ids = batch[2] if len(batch) > 2 and cfg.warm_start else None
+            if cfg.shift:
+                xb = random_shift(xb, cfg.shift, gen)
+            if eq is not None:
+                eq.reset_stats()
+            logits = model(xb, sample_ids=ids) if ids is not None else model(xb)
+            loss = nn.functional.cross_entropy(logits, yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if eq is not None:
+                meter.update(eq.solver_stats())
+            tot += float(loss.detach())
+            nb += 1
+    return tot / max(nb, 1), meter
 
 
 def verify_layer(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:

@@ -198,7 +198,14 @@ class EquilibriumClassifier(nn.Module):
         giving it to every branch input."""
         return self._shared(self.prepare(x))
 
-    def _equilibrium(self, x: torch.Tensor) -> Any:
+    def _equilibrium(self, x: torch.Tensor, sample_ids: torch.Tensor | None = None) -> Any:
+        if sample_ids is not None:
+            if self.cascade is not None and self.training:
+                raise OptionError("warm starts (sample_ids) do not apply to a perturbation "
+                                  "cascade: its second solve reads inputs that change with the "
+                                  "weights", term="EquilibriumClassifier",
+                                  hint="train the cascade without warm starts")
+            return self.eq(self._shared(x), sample_ids=sample_ids)
         if self.cascade is None or not self.training:
             return self.eq(self._shared(x))
         with torch.no_grad():
@@ -214,8 +221,18 @@ class EquilibriumClassifier(nn.Module):
         blocks = z if isinstance(z, tuple) else (z,)
         return torch.cat([p(b) for p, b in zip(self.pools, blocks)], dim=1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.pooled_features(self._equilibrium(self.prepare(x))))
+    def forward(self, x: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits; ``sample_ids``: the samples' dataset indices, whose last equilibria start
+        their solves (after :meth:`enable_warm_start`)."""
+        return self.fc(self.pooled_features(self._equilibrium(self.prepare(x), sample_ids)))
+
+    def enable_warm_start(self, size: int) -> Any:
+        """Warm starts of the equilibrium layer for ``size`` samples
+        (:meth:`~lowering.runtime.module.EquilibriumModule.enable_warm_start`)."""
+        if self.cascade is not None:
+            raise OptionError("warm starts do not apply to a perturbation cascade",
+                              term="EquilibriumClassifier", hint="train it without them")
+        return self.eq.enable_warm_start(size)
 
     def solver_stats(self) -> StepStats:
         """Forward and backward solver statistics of the last forward / backward pass."""

@@ -148,6 +148,20 @@ class EquilibriumModule(nn.Module):
         if derived is not None:
             self.derived = derived
 
+    def enable_warm_start(self, size: int) -> WarmStartCache:
+        """Keep the last equilibrium of each of ``size`` samples and start their next solves
+        there (``forward(x, sample_ids=...)``; the same as building the module with
+        ``warm_start=size``).  Refused with a typed error where the certificate does not make
+        the equilibrium unique (docs/guide.md, warm starts)."""
+        from dataclasses import replace
+
+        self.config = replace(self.config, warm_start=int(size))  # (validated there)
+        refuse_without_uniqueness(self)
+        cache = self.warm_start_cache
+        if cache is None or cache.size != int(size):
+            cache = self.warm_start_cache = WarmStartCache(int(size), self.state_size)
+        return cache
+
     # ------------------------------------------------------------------ tensors
     def scalar_values(self) -> dict[str, float]:
         """Current values of the layer's scalar hyper-parameters (learnable ones included)."""

@@ -4,7 +4,7 @@ the certificate (docs/guide.md, weight control).
 * ``W ↦ W · min(1, (bound − margin) / ||A(W)||₂)``: a weight within its target is used as it is
   (the declared layer, bit for bit); one above it is rescaled to norm ``bound − margin``;
 * ``||A||₂`` is the exact norm of the operator ``T`` applies (zero padding, stride, groups):
-  a dense SVD when small, power iteration to a relative change of 1e-10 otherwise
+  a dense SVD when small, power iteration to a relative change of 1e-7 otherwise
   (:mod:`lowering.runtime.norms`), measured once per version of the weight (its content key,
   :mod:`lowering.runtime.versions`); a guaranteed upper bound (a convolution's Fourier bound)
   only skips the measurement when it already proves the target;
@@ -177,7 +177,9 @@ class WeightControl:
         have = self.measured.get(name)
         if have is not None and have[0] == key and (have[1] is not None or target is not None):
             return have[1], have[2]
-        if target is not None:
+        if target is not None and (have is None or have[2]):
+            # (an upper bound that did not prove the target for the last version is not
+            # tried again: the exact measurement is needed anyway)
             ub = upper_bound(op, name, env)
             if ub is not None and ub <= target:
                 self.measured[name] = (key, None, True)

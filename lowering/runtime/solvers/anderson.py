@@ -109,7 +109,11 @@ class _History:
         self.F[:, slot] = fx
         self.G[:, slot] = g
         self.filled = filled = min(self.filled + 1, self.m)
-        row = torch.bmm(self.G[:, :filled], self.G[:, slot, :, None])
+        G = self.G
+        # ⟨g_i, g_new⟩ for the filled slots: one batched product for a single sample, a
+        # broadcast dot product otherwise (a batched matrix–vector bmm is several times slower)
+        row = torch.bmm(G[:, :filled], G[:, slot, :, None]) if G.shape[0] == 1 else \
+            torch.linalg.vecdot(G[:, :filled], G[:, slot, None])[..., None]
         GG = self.GG
         GG[:, :filled, slot, None] = row
         GG[:, slot, :filled, None] = row
