@@ -72,9 +72,8 @@ class _ConvNd(LinOp):
         self.out_size = c_out * _prod(out_sp)
         #: the adjoint as a forward convolution of the flipped kernel (stride 1, padding at
         #: most k − 1: then ``conv_transposeNd(w, K, p) = convNd(w, flip(Kᵀ), k − 1 − p)``
-        #: exactly; measured 1.3× faster at (B, C, L) = (64, 12, 40), k = 5, 1.9× for a small
-        #: conv2d, 0.93–2.5× over other geometries, docs/theory.md §8, eighth round); None:
-        #: the transposed convolution
+        #: exactly; faster than the transposed convolution on most geometries, see
+        #: docs/performance.md); None: the transposed convolution
         self._flip_padding = (tuple(k - 1 - p for k, p in zip(ks, self.padding))
                               if all(s == 1 for s in self.stride)
                               and all(p <= k - 1 for k, p in zip(ks, self.padding)) else None)

@@ -19,8 +19,8 @@ from .tracker import F, Tracker
 #: states too: there Anderson's fixed costs per iteration dominate) plain iteration, continued
 #: by Anderson once the rate observed over ``AUTO_WINDOW``
 #: iterations predicts more than ``AUTO_PLAIN_BUDGET`` further iterations (or more than half of
-#: those left): a plain iteration of a small state costs ~1/5 of an Anderson one, and Anderson
-#: needs ~10–20 here; measured in docs/theory.md §8
+#: those left): a plain iteration of a small state costs a fraction of an Anderson one
+#: (docs/performance.md)
 AUTO_ANDERSON_STATE = 256
 AUTO_ANDERSON_WORK = 256 * 32
 AUTO_PLAIN_BUDGET = 60

@@ -444,8 +444,7 @@ class Tracker:
         iterates' residuals measured exactly; iteration counts computed on access)."""
         b = self._best.shape[0]
         best_res = self._returned_residual()[:, 0]
-        # the history's columns, joined when first read (a join here measured 0.6–3.3 % slower
-        # fwd+bwd at m = 64, B = 256 and 32, interleaved with the hand loop)
+        # the history's columns, joined when first read (most solves' histories are never read)
         res = (tuple(self.hist) if self.hist
                else torch.zeros(b, 0, dtype=self._rdt, device=self._best.device))
         if not self.any_nonfinite:  # the flags made when read: best_res <= tol, none non-finite
