@@ -381,6 +381,85 @@ class Report:
         return out
 
 
+@dataclass
+class InclusionReport:
+    """Result of ``verify.check_inclusion``: per-sample measures, failures and notes."""
+
+    target: str
+    claim: str
+    certificate: str
+    references: list[str]
+    tolerance: float
+    measures: dict[str, list[float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    z_layer: np.ndarray | None = None
+    z_reference: np.ndarray | None = None
+    equilibrium: EquilibriumInfo | None = None
+    residuals: list[float] = field(default_factory=list)
+    claim_kind: str = "inclusion"
+    certified: bool = True
+    block_names: list[str] = field(default_factory=list)
+    solver: str = ""
+    elapsed: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def as_report(self) -> Report:
+        """The same result as a :class:`verify.report.Report` (what ``verify.check`` returns):
+        per sample, ``rel_error`` is the LCP solution's relative error or the gap's distance
+        bound (the larger where both apply) or the best-response error of a saddle, ``gap``
+        the regularised gap or the relative duality gap."""
+        bsz = len(self.residuals)
+        samples = []
+        for b in range(bsz):
+            errs = [self.measures[k][b] for k in ("lcp rel. error", "distance bound",
+                                                  "best-response rel. error")
+                    if k in self.measures and not math.isnan(self.measures[k][b])]
+            gaps = [self.measures[k][b] for k in ("gap", "duality gap")
+                    if k in self.measures and not math.isnan(self.measures[k][b])]
+            samples.append(SampleResult(b, rel_error=max(errs) if errs else None,
+                                        gap=gaps[0] if gaps else None,
+                                        residual=self.residuals[b], label=self.claim_kind))
+        failed = bool(self.failures)
+        ref = ReferenceInfo(", ".join(self.references) or "none",
+                            "docs/monotone.md §6: " + ", ".join(self.references),
+                            solver=self.solver, ok=not failed,
+                            failure="; ".join(self.failures)[:200])
+        rules = {"equilibrium": self.equilibrium is not None and self.equilibrium.converged,
+                 "certificate": self.certified, "reference": not failed,
+                 "residual": all(r <= Tolerances().residual for r in self.residuals),
+                 "rel_error": not failed, "gap": not failed}
+        eq = self.equilibrium or EquilibriumInfo("none", 0.0, [], math.nan, False,
+                                                 np.zeros((bsz, 0)))
+        return Report(target=self.target, claim=self.claim_kind, claim_statement=self.claim,
+                      label=self.claim_kind, certificate=self.certificate,
+                      certified=self.certified, violated=[] if self.certified else
+                      [self.certificate], reference=ref,
+                      tolerances=Tolerances(rel_error=self.tolerance, gap=self.tolerance),
+                      samples=samples, equilibrium=eq,
+                      z_layer=self.z_layer if self.z_layer is not None else np.zeros((bsz, 0)),
+                      z_reference=self.z_reference, block_names=self.block_names,
+                      failures=list(self.failures), notes=list(self.notes), pass_rules=rules,
+                      elapsed=self.elapsed)
+
+    def worst(self, name: str) -> float:
+        vals = [v for v in self.measures.get(name, []) if not math.isnan(v)]
+        return max(vals) if vals else math.nan
+
+    def __str__(self) -> str:
+        lines = [f"verify (inclusion): {self.target}", f"  claim: {self.claim}",
+                 f"  certificate: {self.certificate}",
+                 f"  references: {', '.join(self.references)}"]
+        for k in self.measures:
+            lines.append(f"  worst {k}: {self.worst(k):.3e}")
+        lines.append(f"  {'PASS' if self.passed else 'FAIL'} (tolerance {self.tolerance:g})")
+        lines += [f"  failure: {f}" for f in self.failures] + [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "n/a"
