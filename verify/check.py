@@ -41,11 +41,11 @@ from .equilibrium import (
 )
 from .gradients import gradient_check
 from .inclusion import check_inclusion, handles
+from .module_output import Against, judge_module
 from .references.base import source_family
-from .report import GradientReport, Report, SampleResult, Tolerances
+from .report import GradientReport, ModuleJudgement, Report, SampleResult, Tolerances
 from .selection import REFERENCE_KINDS, Situation, select_reference
 
-T64 = torch.float64
 REFERENCES = ("auto", "cvxpy", "numeric", "local")
 NEEDS_CERTIFICATE = ("minimizer", "modified minimizer", "inclusion")
 
@@ -148,6 +148,8 @@ def _check(target: Any, x: Any, *, gradients: bool,
     if starts < 1:
         raise OptionError("starts must be ≥ 1", term="verify.check")
     derived, module = resolve_target(target)
+    sam = getattr(module, "sam", None) is not None
+    src = claim_objective(derived)
     tols = tolerances(tol)
     opts = reference_solver_options(solver_options)
     env = environment(derived, module)
@@ -156,17 +158,13 @@ def _check(target: Any, x: Any, *, gradients: bool,
                        np.random.default_rng(seed), reference, label=derived.claim.kind,
                        compare_names=[b.name for b in derived.blocks])
     ctx.samples = [SampleResult(i) for i in range(ctx.bsz)]
-    sam = getattr(module, "sam", None) if module is not None else None
-    z, found = _equilibrium_step(ctx, sam is not None)
+    z, found = _equilibrium_step(ctx, sam)
     cert = certificate_at(derived, env)
-    not_certified = _certificate_step(ctx, cert, sam is not None)
-    src = claim_objective(derived)
-    situation = Situation(src, derived.claim.kind, cert.certified, sam is not None, found,
-                          reference)
+    not_certified = _certificate_step(ctx, cert, sam)
+    situation = Situation(src, derived.claim.kind, cert.certified, sam, found, reference)
     REFERENCE_KINDS[select_reference(situation)].run(ctx, src, situation)
-    grad_report = _gradient_step(ctx, src, seed, sam is not None) if gradients else None
-    if module is not None:
-        _module_note(ctx, module, z)
+    grad_report = _gradient_step(ctx, src, seed, sam) if gradients else None
+    judged = _module_step(ctx, module, z, found, sam) if module is not None else None
     if not_certified and ctx.label.startswith(("minimizer", "modified")):
         ctx.label = "stationary point"
     z_layer = np.concatenate([ctx.states[k].numpy().reshape(ctx.bsz, -1)
@@ -177,7 +175,8 @@ def _check(target: Any, x: Any, *, gradients: bool,
         certified=cert.certified, violated=cert.violated, reference=ctx.ref, tolerances=tols,
         samples=ctx.samples, equilibrium=ctx.eq, z_layer=z_layer, z_reference=ctx.z_ref,
         block_names=ctx.compare_names, gradients=grad_report, failures=ctx.failures,
-        notes=ctx.notes, pass_rules=ctx.rules, elapsed=time.perf_counter() - t0)
+        notes=ctx.notes, pass_rules=ctx.rules, elapsed=time.perf_counter() - t0,
+        module=judged)
 
 
 def _equilibrium_step(ctx: CheckContext, sam: bool) -> tuple[torch.Tensor, bool]:
@@ -240,26 +239,46 @@ def _gradient_step(ctx: CheckContext, src: Any, seed: int, sam: bool
     return rep
 
 
-def _module_note(ctx: CheckContext, module: EquilibriumModule, z: torch.Tensor) -> None:
-    """How far the module's own forward (its solver, tolerance and dtype) is from the tight
-    equilibrium (informational)."""
-    dt = next(iter(module.parameters()), torch.zeros((), dtype=T64)).dtype
-    x = {k: v.to(dt) for k, v in ctx.inputs.items()}
-    try:
+def _module_step(ctx: CheckContext, module: EquilibriumModule, z: torch.Tensor, found: bool,
+                 sam: bool) -> ModuleJudgement | None:
+    """The module's own forward judged against the reference point the check accepted (else
+    the tight equilibrium; docs/theory.md §9.5): the ``module_output`` rule."""
+    if not found:
+        ctx.notes.append("module output not judged: no equilibrium to compare it with")
+        return None
+    tols = ctx.tols
+    against = Against(reference_outputs(ctx), f"the reference ({ctx.ref.kind})",
+                      tols.sam if sam else tols.rel_error, z,
+                      np.array([s.residual for s in ctx.samples]), tols.scale_floor,
+                      tols.sam if sam else None)
+    judged = judge_module(module, ctx.derived, ctx.inputs, ctx.env, against)
+    ctx.rule("module_output", judged.passed, judged.failure)
+    ctx.notes += [f"module forward warned: {w}" for w in judged.warnings]
+    return judged
+
+
+def reference_outputs(ctx: CheckContext) -> np.ndarray | None:
+    """The accepted reference point in the layer's output layout, ``(B, M)``, with NaN rows for
+    the samples not compared with it (another minimizer, an unresolved tight solve); None where
+    the reference gives no point (local, Theorem 2) or was not accepted."""
+    if ctx.z_ref is None or not ctx.ref.ok or ctx.ref.kind == "local":
+        return None
+    sizes = [ctx.states[k].shape[1] for k in ctx.compare_names]
+    cuts = np.cumsum([0, *sizes])
+    blocks = {k: ctx.z_ref[:, a:b] for k, a, b in zip(ctx.compare_names, cuts, cuts[1:])}
+    d = ctx.derived
+    if d.outputs is None and all(b.name in blocks for b in d.output_blocks):
+        out = np.concatenate([blocks[b.name] for b in d.output_blocks], axis=1)
+    elif all(b.name in blocks for b in d.blocks):
+        z = torch.as_tensor(np.concatenate([blocks[b.name] for b in d.blocks], axis=1))
         with torch.no_grad():
-            out = module(x if len(x) > 1 else next(iter(x.values())))
-    except Exception as err:  # the module's own solver may refuse: say so
-        ctx.notes.append(f"module forward failed with its own settings: {err}")
-        return
-    outs = out if isinstance(out, tuple) else (out,)
-    zm = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1).to(T64)
-    if zm.shape == z.shape:
-        d = float((zm - z).norm() / z.norm().clamp_min(1e-3))
-        solver = "SAM" if module.sam is not None else module.solver
-        ctx.notes.append(f"module forward ({solver}, tol {module.tol:g}, {dt}) vs the "
-                         f"tight float64 equilibrium: relative difference {d:.3e} "
-                         "(informational; the check uses the tight solve with the module's "
-                         "weights)")
+            out = d.output(z, ctx.inputs, ctx.env).numpy()
+    else:
+        return None
+    skip = [s.argmin_not_unique or s.unresolved for s in ctx.samples]
+    out = np.array(out, dtype=np.float64)
+    out[skip] = np.nan
+    return out
 
 
 def _describe(derived: DerivedLayer, module: EquilibriumModule | None) -> str:

@@ -7,9 +7,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from convex_eq.errors import OptionError
+from lowering import DerivedLayer, EquilibriumModule
 
 from .conic import reference_solver_options
 from .equilibrium import (
@@ -21,7 +23,8 @@ from .equilibrium import (
     resolve_target,
     single_thread,
 )
-from .references.inclusion import INCLUSION_REFERENCES, InclusionContext, handles
+from .module_output import Against, judge_module
+from .references.inclusion import INCLUSION_REFERENCES, LCP_FLOOR, InclusionContext, handles
 from .report import InclusionReport
 
 __all__ = ["InclusionReport", "check_inclusion", "handles"]
@@ -68,6 +71,9 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
         if not eq.converged:
             report.failures.append(f"equilibrium not found: {eq.solver} stopped at relative "
                                    f"residual {eq.max_residual:.3e}")
+            if module is not None:
+                report.notes.append("module output not judged: no equilibrium to compare it "
+                                    "with")
             return report
         if cert is not None and not cert.holds:
             report.notes.append("the layer's uniqueness certificate does not hold here: the "
@@ -76,5 +82,21 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
         for b in range(out.shape[0]):
             for r in refs:
                 r.run(ctx, b)
+        if module is not None:
+            _judge(report, module, derived, inputs, env, z, res.numpy())
         report.elapsed = time.perf_counter() - t0
         return report
+
+
+def _judge(report: InclusionReport, module: EquilibriumModule, derived: DerivedLayer,
+           inputs: dict[str, torch.Tensor], env: dict[str, torch.Tensor], z: torch.Tensor,
+           residuals: np.ndarray) -> None:
+    """The module's own output against the LCP solution where there is one, else the tight
+    solve (docs/theory.md §9.5); a failure joins the report's."""
+    kinds = ", ".join(k for k in report.references if k == "lcp")
+    against = Against(report.z_reference, f"the reference ({kinds or 'none'})",
+                      report.tolerance, z, residuals, LCP_FLOOR)
+    report.module = judge_module(module, derived, inputs, env, against)
+    if report.module.failure:
+        report.failures.append(report.module.failure)
+    report.notes += [f"module forward warned: {w}" for w in report.module.warnings]

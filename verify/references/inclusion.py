@@ -178,6 +178,10 @@ class GapReference:
                 f"> {ctx.report.tolerance:g} (gap {gap:.3e}, α = {alpha:.4g}, m = {m:.4g})")
 
 
+#: floor of the denominator of the LCP solution's relative error
+LCP_FLOOR = 1e-3
+
+
 def _relu_only(inc: Inclusion) -> bool:
     return (len(inc.g_terms) == 1 and isinstance(inc.g_terms[0], Potential)
             and inc.g_terms[0].act.name == "relu" and inc.g_terms[0].prox_state is inc.z)
@@ -207,7 +211,7 @@ class LcpReference:
         zr = np.asarray(x.value, dtype=np.float64)
         zr = _active_set(M, q, zr)
         z = ctx.outputs[inc.z.name][b]
-        err = float(np.linalg.norm(z - zr)) / max(float(np.linalg.norm(zr)), 1e-3)
+        err = float(np.linalg.norm(z - zr)) / max(float(np.linalg.norm(zr)), LCP_FLOOR)
         ctx.measure("lcp rel. error", b, err)
         ctx.report.z_reference = _put(ctx.report.z_reference, b, zr, len(ctx.outputs[inc.z.name]))
         if not err <= ctx.report.tolerance:
