@@ -44,9 +44,9 @@ from .inclusion import check_inclusion, handles
 from .module_output import Against, judge_module
 from .references.base import source_family
 from .report import GradientReport, ModuleJudgement, Report, SampleResult, Tolerances
-from .selection import REFERENCE_KINDS, Situation, select_reference
+from .selection import REFERENCE_KINDS, REQUESTS, Situation, refuse_inapplicable, select_reference
 
-REFERENCES = ("auto", "cvxpy", "numeric", "local")
+REFERENCES = REQUESTS
 NEEDS_CERTIFICATE = ("minimizer", "modified minimizer", "inclusion")
 
 
@@ -125,7 +125,15 @@ def check(target: Any, x: Any, *, gradients: bool = False,
     with eps ≤ 1e-9); ``gradients``: also compare ``dℓ/dx`` with cvxpylayers and finite
     differences (DCP-exportable objectives).  Torch runs single-threaded during the call.
     Inclusion and saddle layers are verified by ``verify.inclusion`` (docs/monotone.md §6)."""
+    if reference not in REFERENCES:
+        raise OptionError(f"unknown reference {reference!r}", term="verify.check",
+                          hint=f"use one of {REFERENCES}")
     if handles(resolve_target(target)[0].source):
+        if reference not in ("auto", "cvxpy"):
+            raise OptionError(f"reference={reference!r} does not apply: inclusion and saddle "
+                              "layers are verified by the gap, LCP and duality-gap references "
+                              "(CVXPY, docs/monotone.md §6)", term="verify.check",
+                              hint="use reference='auto' or 'cvxpy'")
         rep = check_inclusion(target, x, tol=tolerances(tol).rel_error,
                               solver_options=solver_options).as_report()
         if gradients:
@@ -142,14 +150,12 @@ def _check(target: Any, x: Any, *, gradients: bool,
            reference: str, solver_options: Mapping[str, Any] | None) -> Report:
     """The body of ``check`` (see there): the four steps of the module docstring."""
     t0 = time.perf_counter()
-    if reference not in REFERENCES:
-        raise OptionError(f"unknown reference {reference!r}", term="verify.check",
-                          hint=f"use one of {REFERENCES}")
     if starts < 1:
         raise OptionError("starts must be ≥ 1", term="verify.check")
     derived, module = resolve_target(target)
     sam = getattr(module, "sam", None) is not None
     src = claim_objective(derived)
+    refuse_inapplicable(Situation(src, derived.claim.kind, True, sam, True, reference))
     tols = tolerances(tol)
     opts = reference_solver_options(solver_options)
     env = environment(derived, module)

@@ -19,6 +19,13 @@ class NoReference:
         """The tight solve found no equilibrium."""
         return not s.equilibrium_found
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """Every request: without an equilibrium nothing is compared."""
+        return True
+
+    def scope(self, s: Situation) -> str:
+        return "no equilibrium was found: nothing is compared"
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Record that no equilibrium was found and label the samples."""
         ctx.notes.append("no reference computed: without an equilibrium there is nothing to "
@@ -38,6 +45,13 @@ class Unavailable:
     def applies(self, s: Situation) -> bool:
         """Anything but an objective (deep compositions have their own reference)."""
         return s.family != "objective"
+
+    def answers(self, requested: str, s: Situation) -> bool:
+        """Every request: the check fails whatever was asked for."""
+        return True
+
+    def scope(self, s: Situation) -> str:
+        return f"no reference verifies a {type(s.source).__name__} source"
 
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Record a failed ``reference`` rule naming the source's type."""

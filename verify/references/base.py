@@ -56,5 +56,11 @@ class Reference(Protocol):
     def applies(self, s: Situation) -> bool:
         """Whether this reference verifies the claim in situation ``s``."""
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """Whether ``reference=requested`` is a way to ask for this reference in ``s``."""
+
+    def scope(self, s: Situation) -> str:
+        """What this reference verifies: why a request it does not answer is refused."""
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Compute the reference for ``source``; record samples, rules and provenance in ``ctx``."""

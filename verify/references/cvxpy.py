@@ -219,6 +219,13 @@ class CvxpyReference:
         """Every certified convex claim not sent to another reference (``auto``/``cvxpy``)."""
         return True
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """``auto`` or ``cvxpy``."""
+        return requested in ("auto", "cvxpy")
+
+    def scope(self, s: Situation) -> str:
+        return "CVXPY verifies minimizers of certified-convex, DCP-exportable objectives"
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Solve with CVXPY, or the numeric reference when the objective is not DCP."""
         if not run_cvxpy(ctx, source, s.claim_kind):  # not DCP, "auto": numeric

@@ -240,6 +240,16 @@ class DeepReference:
         """A deep composition (its blocks are checked whatever was requested)."""
         return s.family == "deep"
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """``auto``; ``cvxpy`` or ``numeric`` choose the solver of Corollary 1 (``L = 2``)."""
+        return requested == "auto" or (requested in ("cvxpy", "numeric")
+                                        and getattr(s.source, "L", 0) == 2)
+
+    def scope(self, s: Situation) -> str:
+        return (f"a deep composition with L = {getattr(s.source, 'L', '?')} is verified by its "
+                "Theorem 2 block residuals, and for L = 2 by Corollary 1's convex objective "
+                "(CVXPY or the numeric reference); it has no local reference")
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Check the deep claim; violated layer conditions are noted (they certify nothing)."""
         if not s.certified:

@@ -206,6 +206,15 @@ class LocalReference:
         """Asked for by name, a non-convex claim, or a convex claim not certified here."""
         return s.requested == "local" or not s.convex_claim or not s.certified
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """``auto`` or ``local``."""
+        return requested in ("auto", "local")
+
+    def scope(self, s: Situation) -> str:
+        return (f"the claim is '{s.claim_kind}', not a minimizer: it is verified by the local "
+                "reference (stationary points); CVXPY and the numeric reference verify "
+                "minimizers of certified-convex objectives")
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Run the local reference (a refused ``numeric`` request is noted)."""
         if s.requested == "numeric":

@@ -116,6 +116,13 @@ class NumericReference:
         """Asked for by name (``reference="numeric"``) on a certified convex claim."""
         return s.requested == "numeric"
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """``numeric`` only (``auto`` takes it where CVXPY cannot export the objective)."""
+        return requested == "numeric"
+
+    def scope(self, s: Situation) -> str:
+        return "the numeric reference verifies minimizers of certified-convex objectives"
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Minimize numerically, compare, and note a modified-minimizer claim."""
         run_numeric(ctx, source, f"{s.claim_kind} (convex, numeric reference)")

@@ -151,6 +151,14 @@ class SamReference:
         """A SAM module (its claim is Theorem 5's, whatever the objective)."""
         return s.sam
 
+    def answers(self, requested: str, s: Situation) -> bool:
+        """``auto`` or ``cvxpy`` (the Tikhonov path is solved by CVXPY)."""
+        return requested in ("auto", "cvxpy")
+
+    def scope(self, s: Situation) -> str:
+        return ("a SAM module is verified against the Tikhonov path of argmin over Fix T of R, "
+                "solved by CVXPY (Theorem 5)")
+
     def run(self, ctx: CheckContext, source: Any, s: Situation) -> None:
         """Compare the SAM equilibrium with the selected fixed point."""
         run_sam(ctx, source)
