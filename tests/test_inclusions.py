@@ -299,12 +299,12 @@ def test_verify_check_routes_inclusion_layers():
 
 
 def test_an_inaccurate_clarabel_stop_is_solved_again_ten_times_looser(monkeypatch):
-    """verify.inclusion._solve: Clarabel's ``optimal_inaccurate`` at the tight default is solved
-    once more with gap and feasibility tolerances ten times looser; other statuses and other
-    solvers are returned as they are."""
+    """verify.references.inclusion._solve: Clarabel's ``optimal_inaccurate`` at the tight
+    default is solved once more with gap and feasibility tolerances ten times looser; other
+    statuses and other solvers are returned as they are."""
     import cvxpy as cp
 
-    from verify import inclusion as vi
+    from verify.references import inclusion as vi
     from verify.references import reference_solver_options
 
     calls: list[dict] = []

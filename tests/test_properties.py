@@ -239,10 +239,10 @@ def test_theorem4_prox_variant_is_not_argmin_phi_plus_gamma_R() -> None:
         z = case.state
         naive = ce.Objective([*case.objective.terms,
                               1.0 * (ce.SqNorm(z) if kind == "sq" else ce.L1(z))])
-        st, _ = P._common.cvxpy_states(naive, x=case.x[0])
+        st, _ = P.common.cvxpy_states(naive, x=case.x[0])
         d = lowering.lower(case.objective + 1.0 * (ce.SqNorm(z) if kind == "sq" else ce.L1(z)),
                            regularizer="prox")
-        Z, _, _ = P._common.equilibrium(d, {"x": case.x})
+        Z, _, _ = P.common.equilibrium(d, {"x": case.x})
         assert float(np.linalg.norm(Z["z"][0].numpy() - st["z"])) > 1e-2
 
 

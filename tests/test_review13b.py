@@ -13,7 +13,7 @@ import pytest
 @pytest.mark.parametrize("tol", [1e-7, 1e-8])
 def test_the_inaccurate_retry_never_loosens_a_users_explicit_tolerances(
         monkeypatch: pytest.MonkeyPatch, tol: float) -> None:
-    """``verify.inclusion._solve`` retries a Clarabel ``optimal_inaccurate`` stop with
+    """``verify.references.inclusion._solve`` retries a Clarabel ``optimal_inaccurate`` stop with
     ``tol_gap_abs/tol_gap_rel/tol_feas`` multiplied by ten.  Its docstring justifies that as
     "from the default 1e-11 to 1e-10, four orders of magnitude below any verify tolerance",
     but ``reference_solver_options`` keeps a user's own Clarabel tolerances, so a user who asked
@@ -21,7 +21,7 @@ def test_the_inaccurate_retry_never_loosens_a_users_explicit_tolerances(
     for 1e-8 gets 1e-7, silently (no note in the report, and ``optimal`` then reads as if the
     requested accuracy had been met).  A retry must never be looser than what the user asked
     (cap it at ``max(tol, 1e-10)``, or retry only from the tight defaults)."""
-    from verify import inclusion as vi
+    from verify.references import inclusion as vi
     from verify.references import reference_solver_options
 
     calls: list[dict] = []

@@ -9,7 +9,8 @@ import torch
 
 import convex_eq as ce
 from convex_eq.terms.potential import AntiderivativeConjugate
-from verify.lifting import lift, minimize
+from verify.lifting import lift
+from verify.optimize import minimize
 from verify.references import CLARABEL_TIGHT, cvxpy_reference
 
 T64 = torch.float64

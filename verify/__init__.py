@@ -10,7 +10,7 @@ from .check import CertificateAt, certificate_at, check
 from .families import convex_families, markdown_table, nonconvex_families, run_family
 from .gradients import gradient_check
 from .inclusion import InclusionReport, check_inclusion
-from .references import envelope_gradient, inclusion_residuals, wide_solution
+from .references.deep import envelope_gradient, inclusion_residuals, wide_solution
 from .report import (
     EquilibriumInfo,
     GradientReport,

@@ -12,8 +12,7 @@ import torch
 
 from convex_eq.errors import NonFiniteError, ShapeError
 from convex_eq.symbols import Symbol
-from lowering import EquilibriumModule, SolverStats, solve
-from lowering.derived import DerivedLayer
+from lowering import DerivedLayer, EquilibriumModule, SolverStats, solve
 
 from .report import EquilibriumInfo
 
@@ -188,6 +187,22 @@ def fresh_module(derived: DerivedLayer, env: Mapping[str, torch.Tensor], **optio
         new[key] = env[name].to(val.dtype).reshape(val.shape) if name in env else val
     m.load_state_dict(new)
     return m
+
+
+
+def sam_equilibrium(derived: DerivedLayer, module: EquilibriumModule,
+                    inputs: dict[str, torch.Tensor], env: dict[str, torch.Tensor]
+                    ) -> tuple[torch.Tensor, EquilibriumInfo]:
+    """SAM's own iteration (Theorem 5, docs/theory.md §6), float64, with the module's weights."""
+    sam = module.sam
+    m = fresh_module(derived, env, sam=sam)
+    x = inputs if len(inputs) > 1 else next(iter(inputs.values()))
+    with torch.no_grad():
+        out, st = m(x, return_stats=True)
+    outs = out if isinstance(out, tuple) else (out,)
+    z = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1)
+    return z, info_from_stats(f"SAM (ρ={sam.rho:g}, c={sam.c:g}, {sam.max_iter} steps)", st,
+                              st.residuals, sam.tol)
 
 
 @contextmanager

@@ -18,8 +18,7 @@ import torch
 
 import convex_eq as ce
 from convex_eq import models
-from lowering import lower
-from lowering.derived import DerivedLayer
+from lowering import DerivedLayer, lower
 
 from .check import check
 from .report import Report

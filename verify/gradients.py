@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lowering.derived import DerivedLayer
+from lowering import DerivedLayer
 
 from .equilibrium import bound_values, equilibrium, fresh_module
 from .report import GradientReport

@@ -1,40 +1,19 @@
-"""Verify splitting layers against references that do not reuse the splitting
-(docs/monotone.md §6).
-
-* ``gap``: the regularised gap ``γ_α(z) = sup_y ⟨F(z), z − y⟩ + g(z) − g(y) − ||y − z||²/(2α)``
-  of ``0 ∈ F(z) + ∂g(z)``, by CVXPY on ``g``'s own export (strongly concave in ``y``: finite,
-  ``≥ 0``, ``0`` exactly at solutions); its maximiser ``y*`` bounds the distance to the solution:
-  ``||z − z*|| ≤ (1 + αL)/(αm) · ||z − y*||`` (F ``m``-strongly monotone, ``L``-Lipschitz).
-* ``lcp``: ``g = Σf_relu`` (``ι_{z ≥ 0}``): the monotone LCP ``z ≥ 0, Mz − q ≥ 0, zᵀ(Mz − q) = 0``
-  as the convex QP ``min zᵀ(Mz − q)`` over ``z ≥ 0, Mz ≥ q`` (CVXPY), refined on its active set.
-* ``duality-gap``: saddle objectives ``min_z max_w G(z) + ⟨Kz + c, w⟩ − H(w)``: the primal value
-  ``p(z*) = max_w L(z*, w)`` and the dual value ``d(w*) = min_z L(z, w*)`` by two CVXPY solves;
-  ``p(z*) − d(w*) ≥ 0`` with equality exactly at saddle points.
-
-Each reference is one unit (``applies`` / ``run``) in :data:`INCLUSION_REFERENCES`;
-``check_inclusion`` runs those that apply to the layer's source.
-"""
+"""``verify.check_inclusion``: verify a splitting layer (an ``Inclusion`` or ``Saddle`` source)
+by a tight float64 solve and every inclusion reference that applies (docs/monotone.md §6)."""
 
 from __future__ import annotations
 
-import math
 import time
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import cvxpy as cp
 import numpy as np
 import torch
 
-from convex_eq.errors import ExportError, OptionError
-from convex_eq.inclusion import Inclusion, Saddle
-from convex_eq.objective import Objective
-from convex_eq.symbols import Constant
-from convex_eq.terms.potential import Potential
-from convex_eq.terms.quadratic import Linear, SqNorm
+from convex_eq.errors import OptionError
+from lowering import DerivedLayer, EquilibriumModule
 
+from .conic import reference_solver_options
 from .equilibrium import (
     environment,
     equilibrium,
@@ -44,348 +23,11 @@ from .equilibrium import (
     resolve_target,
     single_thread,
 )
-from .references import reference_solver_options
-from .report import EquilibriumInfo, ReferenceInfo, Report, SampleResult, Tolerances
+from .module_output import Against, judge_module
+from .references.inclusion import INCLUSION_REFERENCES, LCP_FLOOR, InclusionContext, handles
+from .report import InclusionReport
 
-T64 = torch.float64
-
-
-@dataclass
-class InclusionReport:
-    """Result of :func:`check_inclusion`: per-sample measures, failures and notes."""
-
-    target: str
-    claim: str
-    certificate: str
-    references: list[str]
-    tolerance: float
-    measures: dict[str, list[float]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    z_layer: np.ndarray | None = None
-    z_reference: np.ndarray | None = None
-    equilibrium: EquilibriumInfo | None = None
-    residuals: list[float] = field(default_factory=list)
-    claim_kind: str = "inclusion"
-    certified: bool = True
-    block_names: list[str] = field(default_factory=list)
-    solver: str = ""
-    elapsed: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def as_report(self) -> Report:
-        """The same result as a :class:`verify.report.Report` (what ``verify.check`` returns):
-        per sample, ``rel_error`` is the LCP solution's relative error or the gap's distance
-        bound (the larger where both apply) or the best-response error of a saddle, ``gap``
-        the regularised gap or the relative duality gap."""
-        bsz = len(self.residuals)
-        samples = []
-        for b in range(bsz):
-            errs = [self.measures[k][b] for k in ("lcp rel. error", "distance bound",
-                                                  "best-response rel. error")
-                    if k in self.measures and not math.isnan(self.measures[k][b])]
-            gaps = [self.measures[k][b] for k in ("gap", "duality gap")
-                    if k in self.measures and not math.isnan(self.measures[k][b])]
-            samples.append(SampleResult(b, rel_error=max(errs) if errs else None,
-                                        gap=gaps[0] if gaps else None,
-                                        residual=self.residuals[b], label=self.claim_kind))
-        failed = bool(self.failures)
-        ref = ReferenceInfo(", ".join(self.references) or "none",
-                            "docs/monotone.md §6: " + ", ".join(self.references),
-                            solver=self.solver, ok=not failed,
-                            failure="; ".join(self.failures)[:200])
-        rules = {"equilibrium": self.equilibrium is not None and self.equilibrium.converged,
-                 "certificate": self.certified, "reference": not failed,
-                 "residual": all(r <= Tolerances().residual for r in self.residuals),
-                 "rel_error": not failed, "gap": not failed}
-        eq = self.equilibrium or EquilibriumInfo("none", 0.0, [], math.nan, False,
-                                                 np.zeros((bsz, 0)))
-        return Report(target=self.target, claim=self.claim_kind, claim_statement=self.claim,
-                      label=self.claim_kind, certificate=self.certificate,
-                      certified=self.certified, violated=[] if self.certified else
-                      [self.certificate], reference=ref,
-                      tolerances=Tolerances(rel_error=self.tolerance, gap=self.tolerance),
-                      samples=samples, equilibrium=eq,
-                      z_layer=self.z_layer if self.z_layer is not None else np.zeros((bsz, 0)),
-                      z_reference=self.z_reference, block_names=self.block_names,
-                      failures=list(self.failures), notes=list(self.notes), pass_rules=rules,
-                      elapsed=self.elapsed)
-
-    def worst(self, name: str) -> float:
-        vals = [v for v in self.measures.get(name, []) if not math.isnan(v)]
-        return max(vals) if vals else math.nan
-
-    def __str__(self) -> str:
-        lines = [f"verify (inclusion): {self.target}", f"  claim: {self.claim}",
-                 f"  certificate: {self.certificate}",
-                 f"  references: {', '.join(self.references)}"]
-        for k in self.measures:
-            lines.append(f"  worst {k}: {self.worst(k):.3e}")
-        lines.append(f"  {'PASS' if self.passed else 'FAIL'} (tolerance {self.tolerance:g})")
-        lines += [f"  failure: {f}" for f in self.failures] + [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-@dataclass
-class _Ctx:
-    """One check: the layer, its equilibrium (outputs and state), inputs, weights, options."""
-
-    derived: Any
-    source: Any
-    inputs: dict[str, torch.Tensor]
-    env: dict[str, torch.Tensor]
-    outputs: dict[str, np.ndarray]
-    opts: dict[str, Any]
-    report: InclusionReport
-
-    def sample_inputs(self, b: int) -> dict[str, torch.Tensor]:
-        return {k: v[b:b + 1] for k, v in self.inputs.items()}
-
-    def measure(self, name: str, b: int, value: float) -> None:
-        bsz = next(iter(self.outputs.values())).shape[0]
-        vals = self.report.measures.setdefault(name, [math.nan] * bsz)
-        vals[b] = value
-
-
-class InclusionReference(Protocol):
-    """One reference: ``applies(source)`` and ``run(ctx, b)`` for sample ``b``."""
-
-    kind: str
-
-    def applies(self, source: Any) -> bool: ...
-
-    def run(self, ctx: _Ctx, b: int) -> None: ...
-
-
-#: Clarabel's tolerances that :func:`_solve` loosens tenfold for its one retry
-_CLARABEL_TOLS = ("tol_gap_abs", "tol_gap_rel", "tol_feas")
-
-
-def _solve_once(prob: cp.Problem, opts: Mapping[str, Any]) -> str:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            prob.solve(**dict(opts))
-    except cp.SolverError as err:
-        return f"solver_error: {str(err).splitlines()[0]}"
-    return str(prob.status)
-
-
-#: the loosest tolerance :func:`_solve`'s retry uses (four orders of magnitude below the
-#: verify tolerances the reports accept)
-_RETRY_TOL = 1e-10
-
-
-def _solve(prob: cp.Problem, opts: Mapping[str, Any], notes: list[str] | None = None) -> str:
-    """Solve; a Clarabel solve that stops ``optimal_inaccurate`` (its reduced-accuracy stop)
-    with gap and feasibility tolerances below ``_RETRY_TOL`` (the default 1e-11) is solved once
-    more with them ten times looser, never looser than ``_RETRY_TOL`` (a user's own
-    tolerances at or above it are kept: no retry), and ``notes`` says so.  A tanh inclusion's
-    gap problem (exponential cones) ended ``optimal_inaccurate`` at 1e-11 or not depending on
-    the layer's equilibrium in its ninth digit, a FAIL that said nothing about the layer
-    (tests/test_inclusions.py); at 1e-10 it solved to ``optimal``."""
-    status = _solve_once(prob, opts)
-    if status == cp.OPTIMAL_INACCURATE and str(opts.get("solver", "")).upper() == "CLARABEL" \
-            and all(k in opts and float(opts[k]) < _RETRY_TOL for k in _CLARABEL_TOLS):
-        looser = {k: min(10.0 * float(opts[k]), _RETRY_TOL) for k in _CLARABEL_TOLS}
-        status = _solve_once(prob, {**opts, **looser})
-        if notes is not None:
-            note = (f"a Clarabel reference stopped optimal_inaccurate and was solved again at "
-                    f"tolerance {max(looser.values()):g} ({status})")
-            if note not in notes:
-                notes.append(note)
-    return status
-
-
-def _min_plus_linear(obj: Objective, lin: np.ndarray, center: np.ndarray | None, rho: float,
-                     inputs: Mapping[str, torch.Tensor], env: Mapping[str, Any],
-                     opts: Mapping[str, Any], notes: list[str] | None = None
-                     ) -> tuple[str, float, np.ndarray]:
-    """``min_y obj(y) + ⟨lin, y⟩ (+ ||y − center||²/(2ρ))`` by CVXPY on the export of that
-    objective (the added terms join its collected quadratic form, so e.g. a tanh potential's
-    ``−½u²`` part is offset by ``1/ρ ≥ 1``); ``(status, value, argmin)``; a source that cannot
-    be exported gives status ``"not exportable: …"``."""
-    s = obj.states[0]
-    terms = [*obj.terms, Linear(Constant("ref_linear", lin), s)]
-    if center is not None:
-        terms.append(SqNorm(s - Constant("ref_center", center)) * (1.0 / rho))
-    full = Objective(terms)
-    names = {x.name for x in full.symbols}
-    ins = {k: v[0].numpy() for k, v in inputs.items() if k in names}
-    envs = {k: v for k, v in env.items() if k in names}
-    try:
-        ex = full.to_cvxpy(**ins, **envs)
-    except ExportError as err:
-        return f"not exportable: {err}", math.nan, np.full(s.size, np.nan)
-    status = _solve(ex.problem, opts, notes)
-    if status != cp.OPTIMAL:
-        return status, math.nan, np.full(s.size, np.nan)
-    y = ex.state_maps[s.name] @ np.asarray(ex.variable.value, dtype=np.float64)
-    return status, float(ex.problem.value) + ex.constant, y
-
-
-def _value(obj: Objective, vals: Mapping[str, np.ndarray], inputs: Mapping[str, torch.Tensor],
-           env: Mapping[str, Any]) -> float:
-    v = {k: torch.as_tensor(np.asarray(a, dtype=np.float64)).reshape(1, -1)
-         for k, a in vals.items()}
-    v.update(inputs)
-    with torch.no_grad():
-        return float(obj.value_tensor(v, env)[0])
-
-
-class GapReference:
-    """The regularised gap function by CVXPY and the distance bound from its maximiser."""
-
-    kind = "gap"
-
-    def applies(self, source: Any) -> bool:
-        return isinstance(source, Inclusion)
-
-    def run(self, ctx: _Ctx, b: int) -> None:
-        inc: Inclusion = ctx.source
-        z = ctx.outputs[inc.z.name][b]
-        cert = inc.certificate(ctx.env)
-        m, lip = cert.margin, cert.lipschitz
-        alpha = min(1.0, 1.0 / lip)  # any α > 0 works; α ≤ 1 keeps f_σ's export DCP
-        M = inc.matrix(ctx.env)
-        q = inc.shift(ctx.sample_inputs(b), ctx.env)[0].numpy()
-        fz = M @ z - q
-        status, val, y = _min_plus_linear(inc.g, fz, z, alpha, {}, ctx.env, ctx.opts,
-                                          ctx.report.notes)
-        if status != cp.OPTIMAL:
-            ctx.report.failures.append(f"sample {b}: gap reference not solved ({status})")
-            return
-        gz = _value(inc.g, {inc.z.name: z}, {}, ctx.env)
-        gap = float(fz @ z) + gz - val
-        r = float(np.linalg.norm(z - y))
-        bound = (1 + alpha * lip) / (alpha * m) * r / max(1.0, float(np.linalg.norm(z)))
-        ctx.measure("gap", b, gap)
-        ctx.measure("distance bound", b, bound)
-        if gap < -ctx.report.tolerance:  # a gap is ≥ 0 by definition: the solve is off
-            ctx.report.failures.append(f"sample {b}: gap {gap:.3e} < 0 beyond the tolerance: "
-                                       "the CVXPY maximiser is inaccurate")
-        if not bound <= ctx.report.tolerance:
-            ctx.report.failures.append(
-                f"sample {b}: ||z − z*||/max(1,||z||) ≤ (1 + αL)/(αm)·||z − y*|| = {bound:.3e} "
-                f"> {ctx.report.tolerance:g} (gap {gap:.3e}, α = {alpha:.4g}, m = {m:.4g})")
-
-
-def _relu_only(inc: Inclusion) -> bool:
-    return (len(inc.g_terms) == 1 and isinstance(inc.g_terms[0], Potential)
-            and inc.g_terms[0].act.name == "relu" and inc.g_terms[0].prox_state is inc.z)
-
-
-class LcpReference:
-    """ReLU: the monotone LCP as a convex QP (CVXPY), refined on its active set."""
-
-    kind = "lcp"
-
-    def applies(self, source: Any) -> bool:
-        return isinstance(source, Inclusion) and _relu_only(source)
-
-    def run(self, ctx: _Ctx, b: int) -> None:
-        inc: Inclusion = ctx.source
-        M = inc.matrix(ctx.env)
-        q = inc.shift(ctx.sample_inputs(b), ctx.env)[0].numpy()
-        n = M.shape[0]
-        P = 0.5 * (M + M.T)
-        x = cp.Variable(n)
-        prob = cp.Problem(cp.Minimize(cp.quad_form(x, cp.psd_wrap(P)) - q @ x),
-                          [x >= 0, M @ x - q >= 0])
-        status = _solve(prob, ctx.opts, ctx.report.notes)
-        if status != cp.OPTIMAL:
-            ctx.report.failures.append(f"sample {b}: LCP QP not solved ({status})")
-            return
-        zr = np.asarray(x.value, dtype=np.float64)
-        zr = _active_set(M, q, zr)
-        z = ctx.outputs[inc.z.name][b]
-        err = float(np.linalg.norm(z - zr)) / max(float(np.linalg.norm(zr)), 1e-3)
-        ctx.measure("lcp rel. error", b, err)
-        ctx.report.z_reference = _put(ctx.report.z_reference, b, zr, len(ctx.outputs[inc.z.name]))
-        if not err <= ctx.report.tolerance:
-            ctx.report.failures.append(f"sample {b}: layer vs LCP solution: relative error "
-                                       f"{err:.3e} > {ctx.report.tolerance:g}")
-
-
-def _active_set(M: np.ndarray, q: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """The exact LCP solution on the active set the QP found (``z_S = M_SS⁻¹ q_S``, ``z_N = 0``)
-    when it is feasible to round-off, else the QP point."""
-    w = M @ z - q
-    S = z > w
-    out = np.zeros_like(z)
-    if S.any():
-        try:
-            out[S] = np.linalg.solve(M[np.ix_(S, S)], q[S])
-        except np.linalg.LinAlgError:
-            return z
-    w2 = M @ out - q
-    scale = max(1.0, float(np.abs(q).max(initial=0.0)))
-    ok = (out >= -1e-12 * scale).all() and (w2[~S] >= -1e-12 * scale).all()
-    return out if ok else z
-
-
-def _put(arr: np.ndarray | None, b: int, row: np.ndarray, bsz: int) -> np.ndarray:
-    if arr is None:
-        arr = np.full((bsz, row.size), np.nan)
-    arr[b] = row
-    return arr
-
-
-class DualityGapReference:
-    """Saddle objectives: ``p(z*) − d(w*)`` by a primal and a dual CVXPY solve."""
-
-    kind = "duality-gap"
-
-    def applies(self, source: Any) -> bool:
-        return isinstance(source, Saddle)
-
-    def run(self, ctx: _Ctx, b: int) -> None:
-        sad: Saddle = ctx.source
-        ins = ctx.sample_inputs(b)
-        z, w = ctx.outputs[sad.z.name][b], ctx.outputs[sad.w.name][b]
-        kt = torch.as_tensor(z).reshape(1, -1)
-        with torch.no_grad():
-            kz = sad.K.apply(kt, ctx.env)[0]
-            c = sad.offset(dict(ins), ctx.env)
-            c = np.zeros(sad.w.size) if c is None else c.reshape(-1).numpy()
-            ktw = sad.K.adjoint(torch.as_tensor(w).reshape(1, -1), ctx.env)[0].numpy()
-        kzc = kz.numpy() + c
-        # p(z*) = G(z*) − min_w [H(w) − ⟨Kz* + c, w⟩]
-        s1, v1, w_best = _min_plus_linear(sad.H, -kzc, None, 1.0, ins, ctx.env, ctx.opts,
-                                          ctx.report.notes)
-        # d(w*) = ⟨c, w*⟩ − H(w*) + min_z [G(z) + ⟨Kᵀw*, z⟩]
-        s2, v2, z_best = _min_plus_linear(sad.G, ktw, None, 1.0, ins, ctx.env, ctx.opts,
-                                          ctx.report.notes)
-        if s1 != cp.OPTIMAL or s2 != cp.OPTIMAL:
-            ctx.report.failures.append(f"sample {b}: primal/dual reference not solved "
-                                       f"({s1}, {s2})")
-            return
-        gz = _value(sad.G, {sad.z.name: z}, ins, ctx.env)
-        hw = _value(sad.H, {sad.w.name: w}, ins, ctx.env)
-        p = gz - v1
-        d = float(c @ w) - hw + v2
-        gap = (p - d) / max(1.0, abs(p))
-        ctx.measure("duality gap", b, gap)
-        zz = np.concatenate([z, w])
-        ref = np.concatenate([z_best, w_best])
-        err = float(np.linalg.norm(zz - ref)) / max(float(np.linalg.norm(ref)), 1e-3)
-        mu_g, mu_h = sad.moduli()
-        if mu_g > 0 and mu_h > 0:  # unique best responses: they are the saddle point
-            ctx.measure("best-response rel. error", b, err)
-            if not err <= math.sqrt(ctx.report.tolerance):
-                ctx.report.failures.append(f"sample {b}: best responses differ from the layer's "
-                                           f"saddle point by {err:.3e}")
-        if not (-ctx.report.tolerance <= gap <= ctx.report.tolerance):
-            ctx.report.failures.append(f"sample {b}: duality gap (p(z*) − d(w*))/max(1,|p|) = "
-                                       f"{gap:.3e} outside ±{ctx.report.tolerance:g}")
-
-
-#: the references ``check_inclusion`` runs (each where ``applies``)
-INCLUSION_REFERENCES: list[InclusionReference] = [GapReference(), LcpReference(),
-                                                   DualityGapReference()]
+__all__ = ["InclusionReport", "check_inclusion", "handles"]
 
 
 def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
@@ -398,7 +40,7 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
     with single_thread():
         derived, module = resolve_target(target)
         src = derived.source
-        if not isinstance(src, (Inclusion, Saddle)):
+        if not handles(src):
             raise OptionError(f"check_inclusion verifies inclusion/saddle layers, got a "
                               f"{type(src).__name__} source", term="verify.check_inclusion",
                               hint="use verify.check for objectives")
@@ -429,18 +71,32 @@ def check_inclusion(target: Any, x: Any, *, tol: float = 1e-6,
         if not eq.converged:
             report.failures.append(f"equilibrium not found: {eq.solver} stopped at relative "
                                    f"residual {eq.max_residual:.3e}")
+            if module is not None:
+                report.notes.append("module output not judged: no equilibrium to compare it "
+                                    "with")
             return report
         if cert is not None and not cert.holds:
             report.notes.append("the layer's uniqueness certificate does not hold here: the "
                                 "references check that the point solves the inclusion only")
-        ctx = _Ctx(derived, src, inputs, env, outputs, opts, report)
+        ctx = InclusionContext(derived, src, inputs, env, outputs, opts, report)
         for b in range(out.shape[0]):
             for r in refs:
                 r.run(ctx, b)
+        if module is not None:
+            _judge(report, module, derived, inputs, env, z, res.numpy())
         report.elapsed = time.perf_counter() - t0
         return report
 
 
-def handles(source: Any) -> bool:
-    """True if ``source`` is verified here rather than by the objective references."""
-    return any(r.applies(source) for r in INCLUSION_REFERENCES)
+def _judge(report: InclusionReport, module: EquilibriumModule, derived: DerivedLayer,
+           inputs: dict[str, torch.Tensor], env: dict[str, torch.Tensor], z: torch.Tensor,
+           residuals: np.ndarray) -> None:
+    """The module's own output against the LCP solution where there is one, else the tight
+    solve (docs/theory.md §9.5); a failure joins the report's."""
+    kinds = ", ".join(k for k in report.references if k == "lcp")
+    against = Against(report.z_reference, f"the reference ({kinds or 'none'})",
+                      report.tolerance, z, residuals, LCP_FLOOR)
+    report.module = judge_module(module, derived, inputs, env, against)
+    if report.module.failure:
+        report.failures.append(report.module.failure)
+    report.notes += [f"module forward warned: {w}" for w in report.module.warnings]

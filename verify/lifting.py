@@ -17,29 +17,28 @@ bounds, mirroring the CVXPY export without the DCP restriction:
 * every other term is evaluated by its own ``value`` rule; a potential ``Σf_σ(z)`` on a state
   gives the box bounds ``z ∈ dom f_σ``.
 
-Gradients are exact (torch autograd of the terms' value rules, float64); Hessians for the
-second-order check are central differences of those exact gradients.
+How a term is lifted is found by its type in ``STATE_BLOCKS`` and ``TERM_LIFTS`` (the plain value
+rule otherwise).  Gradients are exact (torch autograd of the terms' value rules, float64); the
+minimizers, polishing and Hessians that use them are in :mod:`verify.optimize`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize as so
 import torch
 
 from convex_eq.affine import as_affine
-from convex_eq.errors import ConvexEqError, ShapeError
+from convex_eq.errors import ConvexEqError
 from convex_eq.objective import Objective
 from convex_eq.symbols import State
-from convex_eq.terms.conjugate import inner_argmin
+from convex_eq.terms.conjugate import SeparableAffineConjugate, inner_argmin
 from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import activation_box
 
@@ -100,19 +99,6 @@ class Substitution:
     c: np.ndarray
     N: np.ndarray
     term: Any
-
-
-@dataclass
-class MinResult:
-    """Outcome of a bound-constrained local minimization of ``F``."""
-
-    v: np.ndarray
-    f: float
-    pg: float
-    nit: int
-    message: str
-    success: bool
-    method: str
 
 
 @dataclass
@@ -379,8 +365,181 @@ def lift_batch(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> 
     batch = next(iter(inputs.values())).shape[0] if inputs else 1
     return BatchLifted(lift(obj, inputs, env), batch)
 
+
 # ---------------------------------------------------------------------- building
-def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool:
+@dataclass
+class _Scope:
+    """One objective being lifted into ``p``: its states' aliases (an envelope's inner objective
+    is lifted onto an auxiliary copy of the outer state), its scale, the sample's inputs."""
+
+    p: LiftedProblem
+    obj: Objective
+    alias: dict[str, str]
+    scale: float
+    inputs: dict[str, torch.Tensor]
+    env: Any
+
+    def block_of(self, name: str) -> str:
+        """The block (or state function) that carries the objective's state ``name``."""
+        return self.alias.get(name, name)
+
+    def values(self) -> Callable[[V], dict[str, torch.Tensor]]:
+        """``parts ↦`` the inputs and the objective's states, as its value rules take them."""
+        p, inputs, names = self.p, self.inputs, [s.name for s in self.obj.states]
+
+        def values(parts: V) -> dict[str, torch.Tensor]:
+            k_rows = next(iter(parts.values())).shape[0]
+            out = {k: v.expand(k_rows, -1) for k, v in inputs.items()}
+            for k in names:
+                out[k] = p.state_fns[self.block_of(k)](parts)
+            return out
+
+        return values
+
+
+def lift(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> LiftedProblem:
+    """Lift ``obj`` at one sample of ``inputs`` (name → ``(1, size)`` float64)."""
+    p = LiftedProblem(env=env)
+    _lift_into(_Scope(p, obj, {}, 1.0, dict(inputs), env))
+    p.top_states = [s.name for s in obj.states]
+    return p
+
+
+def _lift_into(sc: _Scope) -> None:
+    """Blocks for the objective's states, then one contribution per term (``TERM_LIFTS``)."""
+    for s in sc.obj.states:
+        if sc.block_of(s.name) not in sc.p.state_fns:
+            _lift_state(sc, s)
+    sc.p.coupled = sc.p.coupled or any(getattr(t, "batch_coupled", False) for t in sc.obj.terms)
+    values = sc.values()
+    substituted = {id(sub.term): sub for sub in sc.p.substitutions.values()}
+    for t in sc.obj.terms:
+        if id(t) in substituted:
+            _substituted_term(sc, t, substituted[id(t)])
+            continue
+        special = lift_rule(TERM_LIFTS, t)
+        if special is None or not special(sc, t, values):
+            _value_term(sc, t, values)
+
+
+def _lift_state(sc: _Scope, s: State) -> None:
+    """The block of state ``s``: a term's own block (``STATE_BLOCKS``: a conjugate's dual), the
+    substitution ``y = Mz + c``, or ``s`` itself boxed by its terms' domains."""
+    p, env, name = sc.p, sc.env, sc.block_of(s.name)
+    owners = [t for t in sc.obj.terms if lift_rule(STATE_BLOCKS, t) is not None
+              and t.state is s and t.coef(env) > 0]
+    if len(owners) == 1:
+        lift_rule(STATE_BLOCKS, owners[0])(sc, owners[0], name)
+        return
+    if not sc.alias and _substitute(p, sc.obj, s, name, sc.inputs, env):
+        return
+    lo = np.full(s.size, -np.inf)
+    hi = np.full(s.size, np.inf)
+    for t in sc.obj.terms:  # each term states its own domain box (Term.domain_box)
+        box = t.domain_box(s.size, env) if t.prox_state is s else None
+        if box is not None:
+            lo, hi = np.maximum(lo, box[0]), np.minimum(hi, box[1])
+    blk = p.add_block(name, s.size, lo, hi, "state" if not sc.alias else "aux", name)
+    p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
+
+
+def _dual_block(sc: _Scope, c: Any, name: str) -> None:
+    """``z = s Mᵀy`` with ``y ∈ dom σ̃*`` for the conjugate ``c = ψ*``, ``ψ = sΣσ̃(Mz + q)``."""
+    p = sc.p
+    m = np.asarray(c.op.matrix(sc.env), dtype=np.float64)
+    lo, hi = activation_box(*c.act.domain, m.shape[0], c.act.smooth_potential)
+    blk = p.add_block(f"{name}__y", m.shape[0], lo, hi, "dual", name)
+    mt = torch.as_tensor(m, dtype=T64)
+    p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
+    try:  # q at this sample (inputs and weights only), for Dual.argmin
+        qv = None if c.q is None else c.q.evaluate(dict(sc.inputs), sc.env).to(T64)
+        qn, known = (None if qv is None else qv.reshape(-1).numpy().copy()), True
+    except (ConvexEqError, KeyError):
+        qn, known = None, False
+    p.duals[name] = Dual(blk.name, m, c.s, c.act, qn, known)
+
+
+def _dual_term(sc: _Scope, t: Any, values: Callable[[V], dict[str, torch.Tensor]]) -> bool:
+    """``ψ*(z) → s(Σσ̃*(y) − <q, y>)`` on the state's dual block; False when the state has none
+    (then the term is evaluated by its own value rule)."""
+    d = sc.p.duals.get(sc.block_of(t.state.name))
+    if not t.coef(sc.env) > 0 or d is None:
+        return False
+    env = sc.env
+    c = sc.scale * t.coef(env) * t.s
+
+    def conj_val(parts: V) -> torch.Tensor:
+        y = parts[d.block]
+        val = t.act.antiderivative_conjugate(y).sum(-1)
+        if t.q is not None:
+            q = t.q.evaluate(values(parts), env).to(T64)
+            val = val - (q * y).sum(-1)
+        return c * val
+
+    sc.p.contributions.append(conj_val)
+    return True
+
+
+def _envelope_term(sc: _Scope, t: MoreauEnvelope,
+                   values: Callable[[V], dict[str, torch.Tensor]]) -> bool:
+    """``c·M^μ_f(v) → c[f(u) + ||u − v||²/(2μ)]`` on an auxiliary copy ``u`` of the state (the
+    inner ``f`` lifted onto ``u``); False when ``f`` has a closed-form prox (its value is used)."""
+    p, env = sc.p, sc.env
+    if _closed_form_prox(t, sc.inputs, env):
+        return False
+    outer = sc.block_of(t.state.name)
+    aux = f"{outer}__env{next(_aux_ids)}"
+    c, mu = sc.scale * t.coef(env), t.mu_value(env)
+    _lift_into(_Scope(p, t.inner, {t.state.name: aux}, c, sc.inputs, env))
+
+    def coupling(parts: V) -> torch.Tensor:
+        diff = p.state_fns[aux](parts) - p.state_fns[outer](parts)
+        return c / (2 * mu) * (diff * diff).sum(-1)
+
+    p.contributions.append(coupling)
+    return True
+
+
+def _value_term(sc: _Scope, t: Any, values: Callable[[V], dict[str, torch.Tensor]]) -> None:
+    """The term's own value rule; a separable non-smooth term with a 1-D prox on a plain block
+    is also registered as that block's prox term (excluded from the smooth gradient)."""
+    p, env, scale = sc.p, sc.env, sc.scale
+
+    def term_val(parts: V) -> torch.Tensor:
+        return scale * t.value(values(parts), env)
+
+    st = t.prox_state
+    blk = sc.block_of(st.name) if st is not None else None
+    if (blk is not None and _prox_term(t) and t.coef(env) > 0 and blk not in p.prox_terms
+            and any(b.name == blk for b in p.blocks) and scale == 1.0):
+        p.prox_terms[blk] = t
+        p.nonsmooth.add(len(p.contributions))
+    p.contributions.append(term_val)
+
+
+def _substituted_term(sc: _Scope, t: Any, sub: Substitution) -> None:
+    """The term whose domain box the block ``y = Mz + c`` carries, evaluated at ``y`` itself
+    (exactly inside its box)."""
+    p, env, scale = sc.p, sc.env, sc.scale
+    y_sym = State(f"{sub.block}__arg", sub.M.shape[0])
+    ty = t.with_args([as_affine(y_sym)])
+
+    def subst_val(parts: V) -> torch.Tensor:
+        return scale * ty.value({y_sym.name: parts[sub.block]}, env)
+
+    if scale == 1.0 and _prox_term(ty) and sub.block not in p.prox_terms:
+        p.prox_terms[sub.block] = ty
+        p.nonsmooth.add(len(p.contributions))
+    p.contributions.append(subst_val)
+
+
+def _prox_term(t: Any) -> bool:
+    """A non-smooth ``Σ_j g(u_j)`` with 1-D proxes (``Term.lift_prox``; else ``separable``)."""
+    separable = t.lift_prox if t.lift_prox is not None else getattr(t, "separable", False)
+    return bool(not t.smooth and separable and t.has_prox)
+
+
+def _closed_form_prox(t: MoreauEnvelope, inputs: V, env: Any) -> bool:
     """True if the envelope's inner objective has a closed-form prox (then its value is used)."""
     try:
         rows = next(iter(inputs.values())).shape[0] if inputs else 1
@@ -392,130 +551,27 @@ def _closed_form_prox(t: MoreauEnvelope, size: int, inputs: V, env: Any) -> bool
         return False
 
 
-def lift(obj: Objective, inputs: Mapping[str, torch.Tensor], env: Any) -> LiftedProblem:
-    """Lift ``obj`` at one sample of ``inputs`` (name → ``(1, size)`` float64)."""
-    p = LiftedProblem(env=env)
-    _lift_into(p, obj, {}, 1.0, dict(inputs), env)
-    p.top_states = [s.name for s in obj.states]
-    return p
+#: term type → the block it gives its state (a conjugate ``ψ*(z)``: the dual ``y``)
+STATE_BLOCKS: dict[type, Callable[[_Scope, Any, str], None]] = {
+    SeparableAffineConjugate: _dual_block}
+#: term type → its contribution to ``F`` when not its plain value rule (``_value_term``);
+#: each returns False where it does not apply and the value rule is used
+TERM_LIFTS: dict[type, Callable[[_Scope, Any, Callable[[V], dict[str, torch.Tensor]]], bool]] = {
+    SeparableAffineConjugate: _dual_term, MoreauEnvelope: _envelope_term}
 
 
-def _values_fn(p: LiftedProblem, obj: Objective, alias: dict[str, str], inputs: V
-               ) -> Callable[[V], dict[str, torch.Tensor]]:
-    names = [s.name for s in obj.states]
-
-    def values(parts: V) -> dict[str, torch.Tensor]:
-        k_rows = next(iter(parts.values())).shape[0]
-        out = {k: v.expand(k_rows, -1) for k, v in inputs.items()}
-        for k in names:
-            out[k] = p.state_fns[alias.get(k, k)](parts)
-        return out
-
-    return values
-
-
-def _lift_into(p: LiftedProblem, obj: Objective, alias: dict[str, str], scale: float,
-               inputs: dict[str, torch.Tensor], env: Any) -> None:
-    for s in obj.states:
-        name = alias.get(s.name, s.name)
-        if name in p.state_fns:
-            continue
-        conj = [t for t in obj.terms if t.lift_role == "dual"
-                and t.state is s and t.coef(env) > 0]
-        if len(conj) == 1:
-            c = conj[0]
-            m = np.asarray(c.op.matrix(env), dtype=np.float64)
-            lo, hi = activation_box(*c.act.domain, m.shape[0], c.act.smooth_potential)
-            blk = p.add_block(f"{name}__y", m.shape[0], lo, hi, "dual", name)
-            mt = torch.as_tensor(m, dtype=T64)
-            p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
-            try:  # q at this sample (inputs and weights only), for Dual.argmin
-                qv = None if c.q is None else c.q.evaluate(dict(inputs), env).to(T64)
-                qn, known = (None if qv is None else qv.reshape(-1).numpy().copy()), True
-            except (ConvexEqError, KeyError):
-                qn, known = None, False
-            p.duals[name] = Dual(blk.name, m, c.s, c.act, qn, known)
-            continue
-        if not alias and _substitute(p, obj, s, name, inputs, env):
-            continue
-        lo = np.full(s.size, -np.inf)
-        hi = np.full(s.size, np.inf)
-        for t in obj.terms:  # each term states its own domain box (Term.domain_box)
-            box = t.domain_box(s.size, env) if t.prox_state is s else None
-            if box is not None:
-                lo, hi = np.maximum(lo, box[0]), np.minimum(hi, box[1])
-        origin = "state" if not alias else "aux"
-        blk = p.add_block(name, s.size, lo, hi, origin, name)
-        p.state_fns[name] = (lambda parts, b=blk.name: parts[b])
-    values = _values_fn(p, obj, alias, inputs)
-    p.coupled = p.coupled or any(getattr(t, "batch_coupled", False) for t in obj.terms)
-    subst_terms = {id(sub.term): sub for sub in p.substitutions.values()}
-    for t in obj.terms:
-        if id(t) in subst_terms:  # evaluated at its own block y = Mz + c (exactly in its box)
-            sub = subst_terms[id(t)]
-            y_sym = State(f"{sub.block}__arg", sub.M.shape[0])
-            ty = t.with_args([as_affine(y_sym)])
-
-            def subst_val(parts: V, ty: Any = ty, y: str = y_sym.name, b: str = sub.block
-                          ) -> torch.Tensor:
-                return scale * ty.value({y: parts[b]}, env)
-
-            separable = ty.lift_prox if ty.lift_prox is not None else getattr(ty, "separable",
-                                                                              False)
-            if (not ty.smooth and separable and ty.has_prox and scale == 1.0
-                    and sub.block not in p.prox_terms):
-                p.prox_terms[sub.block] = ty
-                p.nonsmooth.add(len(p.contributions))
-            p.contributions.append(subst_val)
-        elif t.lift_role == "dual" and t.coef(env) > 0 and \
-                alias.get(t.state.name, t.state.name) in p.duals:
-            d = p.duals[alias.get(t.state.name, t.state.name)]
-            c = scale * t.coef(env) * t.s
-
-            def conj_val(parts: V, t: Any = t, d: Dual = d, c: float = c) -> torch.Tensor:
-                y = parts[d.block]
-                val = t.act.antiderivative_conjugate(y).sum(-1)
-                if t.q is not None:
-                    q = t.q.evaluate(values(parts), env).to(T64)
-                    val = val - (q * y).sum(-1)
-                return c * val
-
-            p.contributions.append(conj_val)
-        elif t.lift_role == "envelope" and not _closed_form_prox(t, t.state.size, inputs, env):
-            outer = alias.get(t.state.name, t.state.name)
-            aux = f"{outer}__env{next(_aux_ids)}"
-            c = scale * t.coef(env)
-            mu = t.mu_value(env)
-            _lift_into(p, t.inner, {t.state.name: aux}, c, inputs, env)
-
-            def coupling(parts: V, aux: str = aux, outer: str = outer, c: float = c,
-                         mu: float = mu) -> torch.Tensor:
-                diff = p.state_fns[aux](parts) - p.state_fns[outer](parts)
-                return c / (2 * mu) * (diff * diff).sum(-1)
-
-            p.contributions.append(coupling)
-        else:
-            def term_val(parts: V, t: Any = t) -> torch.Tensor:
-                return scale * t.value(values(parts), env)
-
-            st = t.prox_state
-            blk = alias.get(st.name, st.name) if st is not None else None
-            # Σ_j g(u_j) with 1-D proxes (Term.lift_prox; a potential enters as its box)
-            separable = t.lift_prox if t.lift_prox is not None else getattr(t, "separable",
-                                                                             False)
-            if (not t.smooth and st is not None
-                    and separable and t.has_prox and t.coef(env) > 0
-                    and blk is not None and blk not in p.prox_terms
-                    and any(b.name == blk for b in p.blocks) and scale == 1.0):
-                p.prox_terms[blk] = t
-                p.nonsmooth.add(len(p.contributions))
-            p.contributions.append(term_val)
+def lift_rule(table: Mapping[type, Any], t: Any) -> Any:
+    """The entry of ``table`` for ``t``'s type or its nearest base class (None: no entry)."""
+    for cls in type(t).__mro__:
+        if cls in table:
+            return table[cls]
+    return None
 
 
 def _affine_domain(t: Any, s: Any, env: Any) -> tuple[np.ndarray, Any, Any] | None:
     """``(M, c, box)`` if ``t``'s domain is the box ``box`` in its one argument ``u = Mz + c``
     with ``u`` not the bare state ``s`` (``c``: the affine offset of inputs/weights, or None)."""
-    if len(t.args) != 1 or t.prox_state is not None or t.lift_role != "value":
+    if len(t.args) != 1 or t.prox_state is not None or lift_rule(TERM_LIFTS, t) is not None:
         return None
     u = t.args[0]
     if u.states() != [s] or any(e.symbol.kind not in ("state", "input", "weight", "constant")
@@ -565,224 +621,3 @@ def _substitute(p: LiftedProblem, obj: Objective, s: Any, name: str, inputs: V, 
     p.state_fns[name] = z_of
     p.substitutions[name] = Substitution(yb.name, None if wb is None else wb.name, m, c, null, t)
     return True
-
-
-# ---------------------------------------------------------------------- minimization
-def minimize(p: LiftedProblem, v0: np.ndarray, *, gtol: float = 1e-12, maxiter: int = 20000,
-             polish: bool = True) -> MinResult:
-    """L-BFGS-B (exact gradients, box bounds) from ``v0``, then optional projected Newton
-    polishing (Hessian by central differences of the exact gradient) to ~1e-13."""
-    v0 = p.clip(np.asarray(v0, dtype=np.float64))
-    method = "scipy L-BFGS-B (exact autograd gradients)"
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        res = so.minimize(p.fun_grad, v0, jac=True, method="L-BFGS-B", bounds=p.bounds(),
-                          options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-16,
-                                   "gtol": gtol, "maxcor": 30})
-        v = p.clip(res.x)
-        nit = int(res.get("nit", 0))  # absent when every variable is fixed (lo == hi)
-        if p.prox_terms and np.all(np.isfinite(v)):
-            # |·|-type terms: L-BFGS-B only gets close; FISTA identifies the support
-            v, k = prox_gradient_polish(p, v, iters=300 if polish else 100)
-            nit += k
-            method += " + accelerated proximal-gradient"
-        if polish and np.all(np.isfinite(v)):
-            v, k = newton_polish(p, v)
-            nit += k
-            method += " + projected Newton polish"
-        f = p.value(v) if np.all(np.isfinite(v)) else math.nan
-        pg = p.projected_gradient(v) if np.all(np.isfinite(v)) else math.inf
-    msg = res.message if isinstance(res.message, str) else str(res.message)
-    if not np.isfinite(f) or f < -1e100:
-        msg += " (objective unbounded below along this run)"
-    return MinResult(v, f, pg, nit, msg, bool(np.isfinite(f)), method)
-
-
-def prox_gradient_polish(p: LiftedProblem, v: np.ndarray, iters: int = 3000,
-                         tol: float = 1e-14) -> tuple[np.ndarray, int]:
-    """FISTA with backtracking and adaptive restart on ``h + g`` (``g``: prox terms + box)."""
-
-    def h(u: np.ndarray) -> float:
-        vt = torch.as_tensor(u, dtype=T64)
-        with torch.no_grad():
-            parts = p.split(vt)
-            return float(sum(c(parts).sum() for i, c in enumerate(p.contributions)
-                             if i not in p.nonsmooth))
-
-    x, y, tk, lip = v.copy(), v.copy(), 1.0, 1.0
-    k = 0
-    if not math.isfinite(p.value(v)):
-        return v, 0
-    for k in range(1, iters + 1):
-        gy, hy = p.smooth_grad(y), h(y)
-        while True:
-            xn = p.prox_step(y - gy / lip, 1.0 / lip)
-            d = xn - y
-            if h(xn) <= hy + float(gy @ d) + 0.5 * lip * float(d @ d) + 1e-15 * max(1.0, abs(hy)):
-                break
-            lip *= 2.0
-        tn = 0.5 * (1 + math.sqrt(1 + 4 * tk * tk))
-        restart = float((xn - x) @ (y - xn)) > 0
-        y = xn if restart else xn + (tk - 1) / tn * (xn - x)
-        tk = 1.0 if restart else tn
-        x = xn
-        lip = max(lip / 1.5, 1e-12)
-        if k % 10 == 0 and p.projected_gradient(x) <= tol * max(1.0, float(np.linalg.norm(x))):
-            break
-    return x, k
-
-
-def active_set(p: LiftedProblem, v: np.ndarray, g: np.ndarray, tol: float = 1e-10
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """``(at_lower, at_upper)`` masks of coordinates on their bound with the gradient pushing
-    outwards (``g ≥ 0`` at a lower bound)."""
-    lo, hi = p.lower, p.upper
-    with np.errstate(invalid="ignore"):
-        at_lo = np.isfinite(lo) & (v <= lo + tol * np.maximum(1.0, np.abs(lo))) & (g >= 0)
-        at_hi = np.isfinite(hi) & (v >= hi - tol * np.maximum(1.0, np.abs(hi))) & (g <= 0)
-    return at_lo, at_hi
-
-
-def fd_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Symmetrized Hessian of ``F`` on coordinates ``idx`` by central differences of ``∇F``
-    (one-sided where a bound is closer than the step)."""
-    k = len(idx)
-    h = np.zeros((k, k))
-    if k == 0:
-        return h
-    lo, hi = p.lower, p.upper
-    pts = np.repeat(v[None, :], 2 * k, axis=0)
-    widths = np.zeros(k)
-    for a, j in enumerate(idx):
-        step = 1e-6 * max(1.0, abs(v[j]))
-        up = min(step, (hi[j] - v[j]) if np.isfinite(hi[j]) else step)
-        dn = min(step, (v[j] - lo[j]) if np.isfinite(lo[j]) else step)
-        pts[2 * a, j] += up
-        pts[2 * a + 1, j] -= dn
-        widths[a] = up + dn
-    gs = p.grads(pts)
-    for a in range(k):
-        if widths[a] > 0:
-            h[:, a] = (gs[2 * a, idx] - gs[2 * a + 1, idx]) / widths[a]
-    return 0.5 * (h + h.T)
-
-
-def exact_hessian(p: LiftedProblem, v: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
-    """Hessian of ``F`` on coordinates ``idx`` by autograd (the one-sided second derivative of
-    a piecewise-quadratic term at ``v`` itself: central differences straddle a kink closer than
-    their step, e.g. ``σ̃*`` of leaky ReLU at ``y ≈ 0``, and Newton then stalls); None where
-    it is not finite."""
-    vt = torch.as_tensor(np.asarray(v, dtype=np.float64))
-    it = torch.as_tensor(np.asarray(idx, dtype=np.int64))
-
-    def f(u: torch.Tensor) -> torch.Tensor:
-        return p.value_t(vt.index_put((it,), u))
-
-    try:
-        h = torch.autograd.functional.hessian(f, vt[it]).detach().numpy()
-    except RuntimeError:
-        return None
-    return 0.5 * (h + h.T) if np.all(np.isfinite(h)) else None
-
-
-def newton_polish(p: LiftedProblem, v: np.ndarray, iters: int = 25) -> tuple[np.ndarray, int]:
-    """Projected Newton steps on the free coordinates while the projected gradient decreases."""
-    f, g = p.fun_grad(v)
-    if not math.isfinite(f):
-        return v, 0
-    pg = p.projected_gradient(v)
-    k = 0
-    for _ in range(iters):
-        k += 1
-        if pg <= 1e-14 * max(1.0, float(np.linalg.norm(v))) or not math.isfinite(f):
-            break
-        at_lo, at_hi = active_set(p, v, g)
-        fixed = at_lo | at_hi
-        for b in p.blocks:  # on the support |·| is smooth; coordinates at a kink stay fixed
-            if b.name in p.prox_terms:
-                fixed[b.sl] |= np.abs(v[b.sl]) <= 1e-12
-        free = np.where(~fixed)[0]
-        if free.size == 0:
-            break
-        hess = exact_hessian(p, v, free) if free.size <= 64 else None
-        hess = fd_hessian(p, v, free) if hess is None else hess
-        w, q = np.linalg.eigh(hess)
-        w = np.maximum(np.abs(w), 1e-10 * max(1.0, float(np.abs(w).max())))
-        d = np.zeros_like(v)
-        d[free] = -(q @ ((q.T @ g[free]) / w))
-        improved = False
-        t = 1.0
-        for _ in range(30):
-            vn = p.clip(v + t * d)
-            fn, gn = p.fun_grad(vn)
-            pgn = p.projected_gradient(vn)
-            if math.isfinite(fn) and (fn < f - 1e-4 * t * abs(float(g @ d)) or
-                                      (pgn < pg and fn <= f + 1e-13 * max(1.0, abs(f)))):
-                v, f, g, pg = vn, fn, gn, pgn
-                improved = True
-                break
-            t *= 0.5
-        if not improved:
-            break
-    return v, k
-
-
-def second_order(p: LiftedProblem, v: np.ndarray, tol: float = 1e-8) -> dict[str, Any]:
-    """Second-order check at a stationary ``v``: smallest eigenvalue of the Hessian reduced to
-    the free coordinates, and strict complementarity on the active bounds."""
-    _, g = p.fun_grad(v)
-    at_lo, at_hi = active_set(p, v, g, tol=1e-9)
-    mult = np.concatenate([g[at_lo], -g[at_hi]])
-    kink = np.zeros(p.n, dtype=bool)
-    for b in p.blocks:  # a coordinate held at a kink of a prox term (|·| at 0) is fixed too
-        if b.name in p.prox_terms:
-            kink[b.sl] = np.abs(v[b.sl]) <= 1e-12
-    free = np.where(~(at_lo | at_hi | kink))[0]
-    lam = float(np.linalg.eigvalsh(fd_hessian(p, v, free)).min()) if free.size else math.inf
-    strict = bool(mult.size == 0 or mult.min() > tol)
-    if lam > tol and strict:
-        verdict = "local minimizer"
-    elif lam < -tol:
-        verdict = "saddle"
-    else:
-        verdict = "inconclusive"
-    return {"lambda_min": lam, "active": int(at_lo.sum() + at_hi.sum()),
-            "min_multiplier": float(mult.min()) if mult.size else math.inf,
-            "strict_complementarity": strict, "verdict": verdict}
-
-
-def partial_value(p: LiftedProblem, z: Mapping[str, np.ndarray]) -> float | None:
-    """``G(z) = min_{aux} F`` with the top-level states fixed (inner envelopes by inner
-    minimization); None if a top-level state is not a plain block."""
-    fixed = np.zeros(p.n, dtype=bool)
-    v0 = p.start_point()
-    for b in p.blocks:
-        if b.of in z and b.origin == "state":
-            fixed[b.sl] = True
-            v0[b.sl] = np.asarray(z[b.of], dtype=np.float64).reshape(-1)
-    if any(s not in [b.of for b in p.blocks if b.origin == "state"] for s in p.top_states):
-        return None
-    if fixed.all():
-        return p.value(v0)
-    lo, hi = p.lower.copy(), p.upper.copy()
-    lo[fixed] = hi[fixed] = v0[fixed]
-    free = ~fixed
-
-    def fg(u: np.ndarray) -> tuple[float, np.ndarray]:
-        w = v0.copy()
-        w[free] = u
-        f, g = p.fun_grad(w)
-        return f, g[free]
-
-    bnds = [(None if not np.isfinite(a) else float(a), None if not np.isfinite(b) else float(b))
-            for a, b in zip(lo[free], hi[free])]
-    u0 = np.clip(v0[free], lo[free], hi[free])
-    res = so.minimize(fg, u0, jac=True, method="L-BFGS-B", bounds=bnds,
-                      options={"maxiter": 20000, "ftol": 1e-16, "gtol": 1e-12, "maxcor": 30})
-    return float(res.fun)
-
-
-def check_finite(name: str, a: np.ndarray) -> None:
-    """Refuse NaN/Inf in ``a`` with a typed error naming ``name``."""
-    if not np.all(np.isfinite(a)):
-        raise ShapeError(f"{name} contains NaN/Inf", term="verify")

@@ -124,6 +124,36 @@ class GradientReport:
 
 
 @dataclass
+class ModuleJudgement:
+    """An emitted module's own forward judged against the verified point (docs/theory.md §9.5):
+    per sample, the relative distance of its output to the point judged against and to the
+    tight equilibrium, the allowance its tolerance gives, and its own fixed-point residual
+    (where the output is the state; it rules where no allowance is available)."""
+
+    description: str
+    against: str
+    distance: list[float]
+    tight_distance: list[float]
+    allowance: list[float]
+    residual: list[float] | None
+    residual_allowance: float | None
+    formula: str
+    failure: str = ""
+    #: what the module itself warned during the forward verify ran
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """``True`` iff the output is within its allowances."""
+        return not self.failure
+
+    @property
+    def residual_rules(self) -> bool:
+        """Whether the residual decides (no distance allowance is available)."""
+        return self.residual is not None and not all(map(math.isfinite, self.allowance))
+
+
+@dataclass
 class EquilibriumInfo:
     """The layer's equilibrium solve (history: relative residual per iteration and sample)."""
 
@@ -159,6 +189,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     pass_rules: dict[str, bool] = field(default_factory=dict)
     elapsed: float = 0.0
+    module: ModuleJudgement | None = None
 
     # ------------------------------------------------------------------ verdict
     @property
@@ -282,6 +313,7 @@ class Report:
                 r.append((f"rel. error dℓ/dx: {k}", _fmt(v),
                           f"≤ {_fmt(g.tolerance)}" if req else "(approximate by design)",
                           ("ok" if v <= g.tolerance else "FAIL") if req else "info"))
+        r += module_rows(self.module, self.pass_rules)
         add("label", self.label)
         add("status", self.status)
         add("passed", "yes" if self.passed else "NO")
@@ -379,6 +411,115 @@ class Report:
             fig.savefig(img, dpi=110)
             out.append(("layer vs reference", img))
         return out
+
+
+@dataclass
+class InclusionReport:
+    """Result of ``verify.check_inclusion``: per-sample measures, failures and notes."""
+
+    target: str
+    claim: str
+    certificate: str
+    references: list[str]
+    tolerance: float
+    measures: dict[str, list[float]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    z_layer: np.ndarray | None = None
+    z_reference: np.ndarray | None = None
+    equilibrium: EquilibriumInfo | None = None
+    residuals: list[float] = field(default_factory=list)
+    claim_kind: str = "inclusion"
+    certified: bool = True
+    block_names: list[str] = field(default_factory=list)
+    solver: str = ""
+    elapsed: float = 0.0
+    module: ModuleJudgement | None = None
+
+    @property
+    def passed(self) -> bool:
+        """``True`` iff no reference, and no judgement of the module's output, failed."""
+        return not self.failures
+
+    def as_report(self) -> Report:
+        """The same result as a :class:`verify.report.Report` (what ``verify.check`` returns):
+        per sample, ``rel_error`` is the LCP solution's relative error or the gap's distance
+        bound (the larger where both apply) or the best-response error of a saddle, ``gap``
+        the regularised gap or the relative duality gap."""
+        bsz = len(self.residuals)
+        samples = []
+        for b in range(bsz):
+            errs = [self.measures[k][b] for k in ("lcp rel. error", "distance bound",
+                                                  "best-response rel. error")
+                    if k in self.measures and not math.isnan(self.measures[k][b])]
+            gaps = [self.measures[k][b] for k in ("gap", "duality gap")
+                    if k in self.measures and not math.isnan(self.measures[k][b])]
+            samples.append(SampleResult(b, rel_error=max(errs) if errs else None,
+                                        gap=gaps[0] if gaps else None,
+                                        residual=self.residuals[b], label=self.claim_kind))
+        failed = bool(self.failures)
+        ref = ReferenceInfo(", ".join(self.references) or "none",
+                            "docs/monotone.md §6: " + ", ".join(self.references),
+                            solver=self.solver, ok=not failed,
+                            failure="; ".join(self.failures)[:200])
+        rules = {"equilibrium": self.equilibrium is not None and self.equilibrium.converged,
+                 "certificate": self.certified, "reference": not failed,
+                 "residual": all(r <= Tolerances().residual for r in self.residuals),
+                 "rel_error": not failed, "gap": not failed}
+        if self.module is not None:
+            rules["module_output"] = self.module.passed
+        eq = self.equilibrium or EquilibriumInfo("none", 0.0, [], math.nan, False,
+                                                 np.zeros((bsz, 0)))
+        return Report(target=self.target, claim=self.claim_kind, claim_statement=self.claim,
+                      label=self.claim_kind, certificate=self.certificate,
+                      certified=self.certified, violated=[] if self.certified else
+                      [self.certificate], reference=ref,
+                      tolerances=Tolerances(rel_error=self.tolerance, gap=self.tolerance),
+                      samples=samples, equilibrium=eq,
+                      z_layer=self.z_layer if self.z_layer is not None else np.zeros((bsz, 0)),
+                      z_reference=self.z_reference, block_names=self.block_names,
+                      failures=list(self.failures), notes=list(self.notes), pass_rules=rules,
+                      elapsed=self.elapsed, module=self.module)
+
+    def worst(self, name: str) -> float:
+        vals = [v for v in self.measures.get(name, []) if not math.isnan(v)]
+        return max(vals) if vals else math.nan
+
+    def __str__(self) -> str:
+        lines = [f"verify (inclusion): {self.target}", f"  claim: {self.claim}",
+                 f"  certificate: {self.certificate}",
+                 f"  references: {', '.join(self.references)}"]
+        for k in self.measures:
+            lines.append(f"  worst {k}: {self.worst(k):.3e}")
+        rules = {"module_output": self.module is None or self.module.passed}
+        lines += [f"  {name}: {value} {tol} {verdict}".rstrip()
+                  for name, value, tol, verdict in module_rows(self.module, rules)]
+        lines.append(f"  {'PASS' if self.passed else 'FAIL'} (tolerance {self.tolerance:g})")
+        lines += [f"  failure: {f}" for f in self.failures] + [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def module_rows(m: ModuleJudgement | None, rules: dict[str, bool]
+                ) -> list[tuple[str, str, str, str]]:
+    """The report rows of a module's own output (none for a derived layer)."""
+    if m is None:
+        return []
+    verdict = "ok" if rules.get("module_output", True) else "FAIL"
+    rows = [("module forward (as configured)", m.description, "", verdict)]
+    if not m.distance:
+        return rows
+    finite = [a for a in m.allowance if math.isfinite(a)]
+    rows.append((f"module output vs {m.against}: max rel. distance", _fmt(worst(m.distance)),
+                 f"≤ {_fmt(max(finite))}" if finite else "(no bound: residual rules)",
+                 verdict if finite else "info"))
+    rows.append(("module output vs tight equilibrium: max rel. distance",
+                 _fmt(worst(m.tight_distance)), "", "info"))
+    if m.residual is not None:
+        rows.append(("module output residual ||T(o) − o||/||T(o)||", _fmt(worst(m.residual)),
+                     f"≤ {_fmt(m.residual_allowance)}" if m.residual_rules else "",
+                     verdict if m.residual_rules else "info"))
+    rows.append(("module output allowance", m.formula, "", "info"))
+    return rows
 
 
 def _fmt(v: Any) -> str:

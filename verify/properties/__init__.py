@@ -23,14 +23,13 @@ The properties and :mod:`verify.properties.cases` (the instance builders) need n
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from convex_eq._lazy import lazy_module
-
 from . import cases
-from ._common import ReferenceFailure
+from .common import ReferenceFailure
 from .converter import lemma12_converter
 from .deep import corollary1_cvxpy, lemma3_theorem2_multiblock, theorem3_wide_limit
 from .geq import geq_prop3_lipschitz, geq_prop3_paper, geq_stationary
@@ -52,8 +51,20 @@ class Property:
     section: str
 
 
-#: the hypothesis strategies, imported when a property's strategy is first asked for
-S = lazy_module("verify.properties.strategies")
+class _Strategies:
+    """:mod:`verify.properties.strategies` (hypothesis, a test extra), imported when a
+    property's strategy is first asked for."""
+
+    def load(self) -> Any:
+        """The module (imported once by Python)."""
+        return importlib.import_module("verify.properties.strategies")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.load(), name)
+
+
+S = _Strategies()
+
 PROPERTIES: tuple[Property, ...] = (
     Property("theorem1_firm_nonexpansive", theorem1_firm_nonexpansive,
              lambda: S.opteq_cases(mu=(1.0, 3.0)), "Theorem 1: T = prox_φ is firmly nonexpansive",

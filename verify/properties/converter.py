@@ -10,8 +10,8 @@ import torch
 import convex_eq as ce
 import lowering
 
-from ._common import ROUND, check, rel_err
 from .cases import MLPCase
+from .common import ROUND, check, rel_err
 
 #: output agreement required by the issue (float64 gives ~1e-13; the factorization goes through
 #: pseudo-inverses, so ill-conditioned drawn layers lose a few digits, never 8)

@@ -12,8 +12,8 @@ import torch
 import convex_eq as ce
 import lowering
 
-from ._common import CVX_TOL, FP_TOL, check, cvxpy_states, equilibrium, rel_err, t64
 from .cases import DeepCase
+from .common import CVX_TOL, FP_TOL, check, cvxpy_states, equilibrium, rel_err, t64
 
 #: Theorem 2 / Lemma 3 residual tolerance: equilibria solved to FP_TOL (contraction ≤ 0.95² per
 #: layer, so ≤ 1e-10 away), inner envelope solves to 1e-14·κ with κ ≤ 1/(1 − α) ≤ 10.

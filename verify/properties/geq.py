@@ -12,8 +12,8 @@ import torch
 import convex_eq as ce
 import lowering
 
-from ._common import FP_TOL, STAT_TOL, check, equilibrium, jacobian, stationarity_residual
 from .cases import GEQCase
+from .common import FP_TOL, STAT_TOL, check, equilibrium, jacobian, stationarity_residual
 
 #: slack for measured-vs-bound comparisons ``||T(a) − T(b)|| ≤ c||a − b||(1 + LIP_SLACK) +
 #: ABS_ROUND·(1 + ||T(a)|| + ||T(b)||)``: the absolute term is the float64 rounding of evaluating

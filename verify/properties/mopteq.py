@@ -10,8 +10,8 @@ import torch
 
 import lowering
 
-from ._common import STAT_TOL, check, equilibrium, stationarity_residual
 from .cases import MOptEqCase, OptEqCase
+from .common import STAT_TOL, check, equilibrium, stationarity_residual
 
 
 def mopteq_prop1_stationary(case: MOptEqCase) -> dict[str, float]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import convex_eq as ce
 import lowering
 
-from ._common import FP_TOL, ROUND, check, equilibrium, rel_err
 from .cases import OptEqCase
+from .common import FP_TOL, ROUND, check, equilibrium, rel_err
 
 
 def moreau_edit_keeps_fixed_points(case: OptEqCase) -> dict[str, float]:

@@ -17,8 +17,8 @@ import torch
 import convex_eq as ce
 import lowering
 
-from ._common import CVX_TOL, ROUND, check, cvxpy_states, equilibrium, rel_err, t64
 from .cases import OptEqCase
+from .common import CVX_TOL, ROUND, check, cvxpy_states, equilibrium, rel_err, t64
 
 
 def _reg(case: OptEqCase) -> Any:

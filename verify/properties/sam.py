@@ -12,8 +12,8 @@ import torch
 import convex_eq as ce
 import lowering
 
-from ._common import T64, check, rel_err
 from .cases import SAMCase
+from .common import T64, check, rel_err
 
 #: iterations and accuracy: SAM converges like the vanishing weight β_k = ρ/k^c (ρ = 0.1,
 #: c = 0.44: β_5000 ≈ 2.4e-3); measured relative error after 5000 steps: median 1.3e-3, max 6.8e-3

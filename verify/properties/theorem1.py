@@ -14,8 +14,8 @@ import torch
 
 import lowering
 
-from ._common import ROUND, check, jacobian, nrm
 from .cases import OptEqCase
+from .common import ROUND, check, jacobian, nrm
 
 
 def _layer(case: OptEqCase) -> tuple[Any, Any]:
