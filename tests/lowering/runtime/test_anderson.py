@@ -1,11 +1,12 @@
-"""Anderson's stall guard (lowering/solvers.py, ``_StallGuard``; docs/theory.md §8).
+"""Anderson acceleration (lowering/solvers.py ``_anderson``, docs/theory.md §8): its stall guard,
+its least-squares weights, and its results where plain iteration is slow or diverges.
 
-Slow contractions on which Anderson (history 5, restarts after 2m iterations without progress)
-stayed far from the fixed point for its whole budget while plain iteration converged: the
-inclusion layers the uniqueness property found (tests/test_inclusions.py), a non-normal linear
-map, and a batch that mixes such a map with one on which plain iteration diverges.  Each of
-these tests fails without the guard; the last two check that solves which do not stall never
-start one (so they run as before, bit for bit), and that Anderson stays fast where it was."""
+The stall guard (``_StallGuard``) is tested on slow contractions on which Anderson (history 5,
+restarts after 2m iterations without progress) stays far from the fixed point for its whole
+budget while plain iteration converges: the inclusion layers the uniqueness property found
+(tests/lowering/test_inclusions.py), a non-normal linear map, and a batch that mixes such a map
+with one on which plain iteration diverges.  Each of these fails without the guard; solves that
+do not stall never start one, so they keep Anderson's own iterates and speed."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ import torch
 
 import lowering
 from convex_eq import models
+from convex_eq.errors import ConvergenceError
 from lowering import solvers
 from lowering.solvers import get_solver
-from tests.lowering.helpers import GEN
+from tests.lowering.helpers import GEN, decoupled_inclusion
 from tests.lowering.runtime.helpers import conv_layer, linear_map
 
 T64 = torch.float64
@@ -30,7 +32,7 @@ T64 = torch.float64
 N = 24
 
 
-#: (seed, scale, warm start) of tests/test_inclusions.py's decoupled inclusion where Anderson
+#: (seed, scale, warm start) of ``decoupled_inclusion`` (tests/lowering/helpers.py) where Anderson
 #: stalled at a relative residual of 6e-3 to 7e-2 for 3000 iterations (tol 1e-13; 341 is the one
 #: the property found, the others a sweep of seeds 0–2999 at scales in [4, 6], warm and cold);
 #: each is a certified contraction, Lip(T) ≤ 0.9917–0.9937, where plain iteration needs
@@ -42,9 +44,6 @@ INCLUSION_STALLS = [(341, 5.796875, True), (1837, 5.727665081148051, True),
 @pytest.mark.parametrize(("seed", "scale", "warm"), INCLUSION_STALLS)
 def test_anderson_converges_on_the_inclusion_layers_where_it_stalled(seed: int, scale: float,
                                                                     warm: bool) -> None:
-    import lowering
-    from tests.lowering.helpers import decoupled_inclusion
-
     d = lowering.lower(decoupled_inclusion(seed, scale, False))
     x = torch.as_tensor(np.random.default_rng(seed).standard_normal((2, 3)), dtype=T64)
     z0 = torch.as_tensor(np.random.default_rng(seed + 1).uniform(0.5, 5.0, (2, 6)), dtype=T64)
@@ -136,10 +135,10 @@ def _sym(rho: float, seed: int) -> torch.Tensor:
 
 def test_solves_that_do_not_stall_start_no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard starts only after ``ANDERSON_FRUITLESS`` fruitless restarts: a solve that
-    converges without them runs the unguarded iteration (the same operations as before the
-    guard existed).  Slow contractions with spectral radius 0.99 (plain iteration needs ~2400
-    iterations at tol 1e-12; Anderson 83 and 125 here), a ReLU and a tanh layer in float64 and
-    float32, and an inclusion layer of the uniqueness property (seed 2) whose solve restarts
+    converges without them runs the unguarded iteration (Anderson's own operations).  Slow
+    contractions with spectral radius 0.99 (plain iteration needs ~2400 iterations at tol
+    1e-12; Anderson 83 and 125 here), a ReLU and a tanh layer in float64 and float32, and an
+    inclusion layer of the uniqueness property (seed 2) whose solve restarts
     three times, one of them fruitless (its worst residual since the restart before: 3.4e-2,
     4.2e-2, then 7.4e-8: far from three fruitless ones in a row on any rounding)."""
 
@@ -170,9 +169,6 @@ def test_solves_that_do_not_stall_start_no_guard(monkeypatch: pytest.MonkeyPatch
         # rounding seen; 400 only fails a solve that has lost its acceleration
         assert int(st.iterations.max()) <= 400, (name, int(st.iterations.max()))
 
-    import lowering
-    from tests.lowering.helpers import decoupled_inclusion
-
     seed = 2
     d = lowering.lower(decoupled_inclusion(seed, 5.270371798858698, False))
     x = torch.as_tensor(np.random.default_rng(seed).standard_normal((2, 3)), dtype=T64)
@@ -184,6 +180,10 @@ def test_solves_that_do_not_stall_start_no_guard(monkeypatch: pytest.MonkeyPatch
 
 
 def test_default_anderson_returns_finite_rows_where_plain_iteration_diverges() -> None:
+    """A non-normal map with spectral radius 1.6 in float32: plain iteration diverges, and
+    every row Anderson returns (and its residual) is finite.
+
+    Pins: a fallback from Anderson to plain iteration returned non-finite rows on such maps."""
     f = linear_map(0, 1.6, torch.float32, True)
     with torch.no_grad():
         z, st = solvers.solve(f, torch.zeros(4, 24), "anderson", tol=1e-6, max_iter=300)
@@ -192,18 +192,12 @@ def test_default_anderson_returns_finite_rows_where_plain_iteration_diverges() -
 
 
 def test_the_stalled_anderson_solve_converges_and_a_failing_one_names_plain_iteration() -> None:
-    """The stall found by the uniqueness property (tests/test_inclusions.py, seed 341): Anderson
-    stayed at 3.7e-2 for 3000 iterations on a certified contraction (Lip(T) ≤ 0.993), where
-    plain iteration converges (in about 2100).  Its stall guard (lowering/solvers.py,
-    ``_StallGuard``) now converges there, to plain iteration's point; an Anderson solve that
-    does fail on that contraction (too few iterations) still names solver='plain' in its hint."""
-    import numpy as np
-    import pytest
+    """The stall found by the uniqueness property (seed 341): on this certified contraction
+    (Lip(T) ≤ 0.993) plain iteration converges in about 2100 iterations, and Anderson with its
+    stall guard converges to the same point; an Anderson solve that does fail there (too few
+    iterations) names solver='plain' in its hint, a failing plain solve does not.
 
-    import lowering
-    from convex_eq.errors import ConvergenceError
-    from tests.lowering.helpers import decoupled_inclusion
-
+    Pins: Anderson stayed at a residual of 3.7e-2 for 3000 iterations on this contraction."""
     seed, scale = 341, 5.796875
     d = lowering.lower(decoupled_inclusion(seed, scale, False))
     x = torch.as_tensor(np.random.default_rng(seed).standard_normal((2, 3)), dtype=T64)
@@ -242,7 +236,11 @@ def test_a_trial_loser_that_took_plain_steps_is_referenced_to_its_phase_end_resi
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Docstring of ``_StallGuard``: a loser that took plain steps restarts from the phase's
     last iterate, with that iterate's residual as the next phase's reference. The check below
-    reads the guard only and never changes what it computes."""
+    reads the guard only and never changes what it computes.  (The non-normal map of
+    ``_jordan``, a batch of 4, tol 1e-12: the guard runs several plain phases and trials.)
+
+    Pins: the guard kept a view of the Gram matrix as that reference, which the trial's
+    iterations overwrote (off by up to 7800×)."""
     judged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (phase-end r2, ref) of such losers
 
     class Spy(solvers._StallGuard):
@@ -279,7 +277,10 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
     a probe solve of the same map). The row hits NaN at ``p``, loses the trial, and is moved
     back to a finite point by the guard. Each returned row must match its flags: a row flagged
     non-finite must not be finite, and a finite row's ``returned_residual`` must be its own
-    residual."""
+    residual.
+
+    Pins: a row the tracker had marked non-finite during a trial was moved back to a finite
+    point and converged while its flags still said non-finite."""
     hole: dict[str, object] = {}
 
     class Probe(solvers._StallGuard):
@@ -294,9 +295,8 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
             return out
 
     # whether a row takes Anderson steps in a phase and then a trial depends on the stall's
-    # path, which round-off steers (a change of the Anderson arithmetic moved it): the first
-    # of 16 seeded offsets b whose solve has one is used (4 of the first 12 do with
-    # the bordered system; seed 0 did before it)
+    # path, which round-off steers: the first of 16 seeded offsets b whose solve has one is
+    # used (4 of the first 12 have one)
     with monkeypatch.context() as mp:
         mp.setattr(solvers, "_StallGuard", Probe)
         for seed in range(16):
@@ -379,17 +379,15 @@ def _objective_ratio(A: torch.Tensor, alpha: torch.Tensor) -> tuple[float, float
 
 def test_anderson_weights_minimise_the_least_squares_problem_when_residuals_span_many_scales(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bordered system ``[[0, 1ᵀ], [1, GGᵀ + R]]`` is solved by LU with partial pivoting,
-    whose first pivots are the border's ones: the elimination forms differences of Gram
-    entries anchored on ring slot 0.  When the history's residual norms span more than ~1e8
-    (a fast-converging sample: here a float32 ReLU layer, β = 0.6, whose samples converge at
-    different rates; the Gram matrix is float64 as always),
-    the smaller entries vanish in those differences and the returned α is far from the
-    minimiser of ``αᵀ(GGᵀ + R)α`` subject to ``Σα = 1``: its objective is 1e4–1e10 times the
-    minimum (checked in 200-digit arithmetic).  The previous normalised solve
-    ``α = A⁻¹1 / 1ᵀA⁻¹1`` is scale-invariant and met the minimum to 1e-12 on the same
-    matrices.  (Convergence was not measurably worse in the reviewer's sweeps; the weights are
-    simply not what the docstring says they are.)"""
+    """Anderson's weights ``α`` minimise ``αᵀ(GGᵀ + R)α`` subject to ``Σα = 1`` (compared in
+    200-digit arithmetic with the exact constrained minimiser), also when the history's
+    residual norms span more than ~1e8: a fast-converging sample, here in a float32 ReLU layer
+    (β = 0.6) whose samples converge at different rates; the Gram matrix is float64.  The
+    scale-invariant ``α = A⁻¹1 / 1ᵀA⁻¹1`` meets the minimum to 1e-12 on these matrices, so an
+    objective within 2× of it fails only a solve that loses the small Gram entries.
+
+    Pins: the bordered system ``[[0, 1ᵀ], [1, GGᵀ + R]]`` solved by LU pivoting on the border's
+    ones lost the small Gram entries in its differences (objective 1e4–1e10× the minimum)."""
     systems = _recorded_systems(monkeypatch)
     g = torch.Generator().manual_seed(5)
     W = torch.randn(30, 30, generator=g, dtype=T64)
@@ -398,7 +396,7 @@ def test_anderson_weights_minimise_the_least_squares_problem_when_residuals_span
     b[:5] = -10.0
     W32, b32 = W.float(), b.float()
     f = lambda z: torch.relu(z @ W32.T + b32)  # noqa: E731
-    for _ in range(3):  # (the generator's state in the reviewer's sweep)
+    for _ in range(3):  # advance the generator to the z0 that spreads the residual scales
         torch.rand(64, 30, generator=g, dtype=T64)
     z0 = torch.rand(64, 30, generator=g, dtype=T64).float()
     with torch.no_grad():
@@ -423,7 +421,6 @@ def test_anderson_weights_minimise_the_least_squares_problem_when_residuals_span
     assert worst <= 2.0, f"α's objective is {worst:.3g}× the constrained minimum"
 
 
-# ------------------------------------------------------------------ 4. solvers
 def test_anderson_beats_plain_at_norm_09() -> None:
     d = lowering.lower(models.opteq(n=64, m=128, d=16, form="conjugate", weight_norm=0.9))
     x = torch.randn(32, 16, generator=GEN, dtype=T64)
@@ -438,12 +435,13 @@ def test_anderson_beats_plain_at_norm_09() -> None:
     assert its["anderson"] <= 0.7 * its["plain"]
 
 
-# ----------------------------------------------------------------------------- adjoint
 def test_float32_adjoint_converges_for_tiny_loss_gradients():
-    """The demo's stall: ∂ℓ/∂z of a well-fitted batch is ~1e-10; Anderson's ridge (then
-    sqrt(float32 tiny) ≈ 1e-19 against a Gram matrix ~1e-20) dominated and the solve crawled at
-    the cap.  The Gram matrix now lives in float64: the solve must take about as many
-    iterations as for an O(1) right-hand side."""
+    """An adjoint right-hand side of ~1e-10 (∂ℓ/∂z of a well-fitted batch) takes about as many
+    Anderson iterations as an O(1) one: the Gram matrix is float64, so a float32 ridge of
+    sqrt(tiny) ≈ 1e-19 cannot dominate it.
+
+    Pins: the demo's adjoint solve crawled at its cap where the ridge dominated a Gram matrix
+    of ~1e-20."""
     d = conv_layer()
     m = d.torch_module(dtype=torch.float32, tol=1e-6)
     x = torch.randn(16, 1, 6, 6, generator=torch.Generator().manual_seed(1))
@@ -464,5 +462,5 @@ def test_float32_adjoint_converges_for_tiny_loss_gradients():
             _, st = get_solver("anderson")(adj, rhs, tol=1e-6, max_iter=200)
         assert bool(st.converged.all()), st
         iters[scale] = int(st.iterations.max())
-    # the iteration count may differ by round-off, not by the factor of 5-10 seen before
+    # round-off may move the count by a few iterations; a dominating ridge multiplies it by 5-10
     assert iters[1e-10] <= iters[1.0] + 3, iters

@@ -1,7 +1,6 @@
-"""Review 10b: Anderson's fallback to plain iteration (6c80ac6, reverted) on maps where plain
-iteration does not converge.  Both solves converge (A) / stay finite (B) without it; the remedy
-for Anderson's stalls on slow contractions (the stall guard, lowering/solvers.py) keeps them so
-(tests/test_anderson_stall.py has its own cases)."""
+"""The solver ``auto`` (lowering/solvers.py ``_AutoWatch``, docs/theory.md §8): plain iteration
+while the observed rate predicts a short solve, Anderson from the iteration where it predicts
+more than the plain budget, Anderson from the start on large states; it never falls back."""
 
 from __future__ import annotations
 
@@ -17,8 +16,14 @@ from lowering import solvers
 from lowering.solvers import get_solver, solve
 from tests.lowering.runtime.helpers import linear_map
 
+F64 = T64 = torch.float64
+
 
 def test_auto_does_not_fall_back_to_the_plain_iteration_it_left() -> None:
+    """A map with spectral norm 1.6 (plain iteration diverges): once ``auto`` has switched to
+    Anderson (here with history 2, restarting every iteration) it converges there.
+
+    Pins: a fallback from Anderson to plain iteration sent such solves back to diverge."""
     f = linear_map(1, 1.6, torch.float64, False)
     with torch.no_grad():
         _, st = solvers.solve(f, torch.zeros(4, 24, dtype=torch.float64), "auto", tol=1e-10,
@@ -26,17 +31,14 @@ def test_auto_does_not_fall_back_to_the_plain_iteration_it_left() -> None:
     assert bool(st.converged.all()), (st.solver, st.returned_residual)
 
 
-F64 = torch.float64
-
-
 def test_auto_measures_the_rate_again_when_a_short_tail_fails() -> None:
     """A fast transient then a slow mode: ``z ↦ zA + c`` with ``A = diag(0.5, 0.92)``, the slow
     component 0.03 of the fast one.  The first test sees the transient's rate and predicts a
-    short tail (≤ AUTO_TAIL); the test past its end measured the rate over that whole span,
-    the fast start included, and predicted 34 iterations (budget 60), then fewer and fewer:
-    the solve never switched and ran 89 plain iterations (the rule before: switch after 18,
-    21 in all).  Measuring the rate again over AUTO_WINDOW there predicts 66 > 60 and switches
-    (25 in all).
+    short tail (≤ AUTO_TAIL); past its end the rate is measured again over AUTO_WINDOW, which
+    predicts 66 > 60 (the budget) and switches (25 iterations in all).
+
+    Pins: the test past the short tail measured the rate over the whole span, the fast start
+    included, and predicted 34, then fewer and fewer: 89 plain iterations, never switching.
 
     Tolerance: the decisions are float64 arithmetic on a 2-D diagonal map (rounding ~1e-15
     relative); the switching test is 10 % above the budget and the rule without the re-measure
@@ -53,10 +55,12 @@ def test_auto_measures_the_rate_again_when_a_short_tail_fails() -> None:
 
 def test_auto_switches_a_tanh_layers_slowing_adjoint_solve() -> None:
     """The same on an emitted layer: a canonical tanh OptEq at ‖W‖₂ = 0.99 (tol 1e-4,
-    max_iter 100, B = 32): the adjoint solve's short-tail test came 19 iterations after the
-    previous one and its averaged rate predicted 34 further iterations against a budget of 38;
-    it ran 67 plain iterations where the rule before switched after 29 (32 in all).  With the
-    rate measured again over AUTO_WINDOW it predicts 38 > 36 and switches (31 in all).
+    max_iter 100, B = 32): the adjoint solve's short-tail test comes 19 iterations after the
+    previous one; with the rate measured again over AUTO_WINDOW it predicts 38 > 36 and
+    switches (31 iterations in all).
+
+    Pins: the averaged rate predicted 34 against a budget of 38 and the solve ran 67 plain
+    iterations.
 
     Tolerance: float64 solves of a 32-wide state; rounding moves the residuals by ~1e-14
     relative, against a 5 % margin of the switching test and ≥ 10 % below the budget for the
@@ -75,9 +79,9 @@ def test_auto_switches_a_tanh_layers_slowing_adjoint_solve() -> None:
     assert int(st.iterations.max()) < 50
 
 
-# ------------------------------------------------------------------------ auto's watch
 def _reference_need(now: float, then: float, tol: float, window: int) -> float:
-    """The prediction as it was written before it went inline (the reference)."""
+    """The prediction written out on its own: iterations to reach ``tol`` at the geometric
+    rate observed over ``window`` iterations (the reference the inlined watch must match)."""
     if not (math.isfinite(now) and math.isfinite(then)) or now <= 0:
         return 0.0
     if now >= then:
@@ -96,7 +100,7 @@ def test_auto_watch_decides_as_the_reference_prediction(now: float, then: float,
                                                         window: int) -> None:
     """The watch switches to Anderson exactly when the reference prediction exceeds the budget
     and schedules the next test from it (the order of its cases matters: a residual below tol
-    that grew since the last test predicts no end, as before)."""
+    that grew since the last test predicts no end)."""
     tol, max_iter = 1e-6, 200
     for k_then in (1, 30, 150):
         tr = solvers.Tracker("plain", torch.zeros(1, 1), tol)
@@ -125,7 +129,7 @@ def _tanh_layer(norm: float):
 def test_auto_switches_a_slowing_solve_to_anderson() -> None:
     """A tanh layer at ‖W‖₂ = 0.99 converges fast at first and then slowly: the watch must see
     the slowdown and switch to Anderson.  A watch that re-tests only past each predicted end
-    (never halving) let it run 116 plain iterations instead of switching after 49."""
+    (never halving) lets it run 116 plain iterations instead of switching after 49."""
     mod = _tanh_layer(0.99).torch_module(weight_control=None, tol=1e-6, max_iter=400,
                                          backward_tol=1e-6, backward_max_iter=400)
     x = 0.2 * torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
@@ -134,9 +138,6 @@ def test_auto_switches_a_slowing_solve_to_anderson() -> None:
     mod(x.double())
     assert mod.last_stats.solver == "plain→anderson", mod.last_stats.solver
     assert int(mod.last_stats.iterations.max()) < 80
-
-
-T64 = torch.float64
 
 
 @pytest.mark.parametrize("norm,expect", [(0.5, "plain"), (0.97, "plain→anderson")])

@@ -1,9 +1,10 @@
-"""Review of the per-sample-best replay (lowering/solvers.py ``_per_sample_best``), the solver
-``auto`` and the plans' closed-form parameter cotangents (lowering/plan.py ``param_vjp``).
+"""The iterate a solve returns per sample (lowering/solvers.py ``_per_sample_best``): a sample
+that met ``tol`` returns a point that meets it, whatever the other samples do; an unconverged
+sample returns the iterate of its smallest recorded residual.
 
-The replay re-runs a solve that ended with unconverged samples and keeps each sample's row at
-the iteration of its smallest recorded residual.  That is right only if the second run repeats
-the first one iteration for iteration, and only the solve being replayed collects rows."""
+For the latter the solve is replayed and each sample's row kept at that iteration.  That is
+right only if the second run repeats the first one iteration for iteration, and only the solve
+being replayed collects rows."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import math
 import pytest
 import torch
 
+import lowering
+from convex_eq.models import opteq
 from lowering.solvers import exact_rel_residual, solve
 
 F64 = torch.float64
@@ -30,15 +33,16 @@ def _slow_and_drifting(z: torch.Tensor) -> torch.Tensor:
 def test_a_solve_nested_in_f_is_not_hijacked_by_the_replay(outer: str) -> None:
     """``f`` itself runs a registered solver (an equilibrium layer inside another fixed-point
     map).  While the outer solve is replayed, the inner solves must not see the outer replay:
-    today their Trackers read the same ContextVar, so every inner solve stops after
-    ``rep.last`` iterations and writes its own rows into the outer replay's capture.  The
-    outer solve then flags samples converged (claimed residual ~1e-16) at points whose true
-    residual is 0.06-0.4.
+    no sample is flagged converged at a point whose true residual misses ``tol``.
+
+    Pins: the inner solves' trackers read the outer replay (a shared context variable), each
+    stopped after ``rep.last`` iterations and wrote its rows into the outer capture: samples
+    flagged converged (claimed residual ~1e-16) at points whose true residual was 0.06-0.4.
 
     Tolerances: the inner map contracts at 0.9 and stops at relative residual 1e-12, so
     ``f(z)`` equals ``F(z)`` to ~1e-11 relative; the returned residual measured with ``f``
     and the true one measured with ``F`` then agree to ~1e-10 absolute on any BLAS (float64,
-    2x2 states); the defect misses by > 0.05."""
+    2x2 states); the pinned failure misses by > 0.05."""
 
     def f(z: torch.Tensor) -> torch.Tensor:
         y = _slow_and_drifting(z)
@@ -55,11 +59,12 @@ def test_a_solve_nested_in_f_is_not_hijacked_by_the_replay(outer: str) -> None:
 
 def test_auto_replay_repeats_the_first_run() -> None:
     """``auto`` switches from plain to Anderson when the observed rate predicts more than
-    ``min(60, left/2)`` further iterations, ``left`` computed from ``max_iter``.  The replay
-    runs with ``max_iter = rep.last + 1`` (not the caller's), so it switches earlier (here at
-    iteration 12 instead of 16) and the row it captures for sample 1 is another point than the
-    one whose residual the first run recorded: residual 7.2e-3 returned while the history's
-    best (what the docstring promises) is 5.0e-3.
+    ``min(60, left/2)`` further iterations, ``left`` computed from ``max_iter``: the replay
+    must switch where the first run did, so that the row it keeps for the unconverged sample 1
+    is the iterate whose residual the history recorded as its best.
+
+    Pins: the replay ran with ``max_iter = rep.last + 1`` instead of the caller's and switched
+    earlier (iteration 12 instead of 16): residual 7.2e-3 returned, the recorded best 5.0e-3.
 
     Tolerance: the returned residual (exact form) and the recorded one (plain norms) of the
     same float64 iterate differ by a few ulps; 1e-9 relative is far above that and far below
@@ -90,16 +95,15 @@ def test_replayed_rows_are_the_recorded_minima(solver: str) -> None:
     torch.testing.assert_close(st.final_residual[finite], true[finite], rtol=1e-9, atol=1e-15)
 
 
-def test_an_equilibrium_layer_inside_a_replayed_solve_still_converges() -> None:
-    """The same defect through the product: an outer ``lowering.solve`` whose map calls an
+def test_an_equilibrium_layer_inside_a_replayed_solve_converges() -> None:
+    """The nested solve through the product: an outer ``lowering.solve`` whose map calls an
     emitted layer (a certified contraction, 0.81, that reaches 1e-10 well within its 300
     iterations).  The outer solve ends unconverged (sample 1 has no fixed point) and is
-    replayed; during the replay the layer's own solves are stopped after ``rep.last + 1``
-    iterations, and the layer raises ``ConvergenceError: ... did not reach 1e-10 in 55
-    iterations`` (in warn/mask mode it would hand inaccurate equilibria to the outer solve)."""
-    import lowering
-    from convex_eq.models import opteq
+    replayed; the layer's own solves during the replay run to their own tolerance.
 
+    Pins: the layer's solves were stopped after ``rep.last + 1`` iterations and raised
+    ``ConvergenceError`` (in warn/mask mode they handed inaccurate equilibria to the outer
+    solve)."""
     layer = lowering.lower(opteq(n=6, m=6, d=6, activation="tanh")).torch_module(
         dtype=F64, tol=1e-10, max_iter=300)
     x = torch.randn(2, 6, dtype=F64, generator=torch.Generator().manual_seed(0))

@@ -102,7 +102,10 @@ def _built(layer: lowering.DerivedLayer, **options: object) -> tuple[torch.nn.Mo
 
 
 def test_a_condition_on_constants_alone_is_fixed_and_not_warned() -> None:
-    """``Q`` of constants: "fixed", no warning; made learnable: "not kept", one warning."""
+    """``Q`` of constants: "fixed", no warning; made learnable: "not kept", one warning.
+
+    Pins: such a condition was labelled "not kept" and warned about as soon as any tensor of
+    the layer trained (here the input weight ``U``, which enters no condition)."""
     layer = _constant_gram_layer()
     mod, caught = _built(layer)
     (st,) = mod.certificate_status()
@@ -119,7 +122,9 @@ def test_a_condition_on_constants_alone_is_fixed_and_not_warned() -> None:
 
 
 def test_a_looser_weight_bound_does_not_keep_the_condition() -> None:
-    """``||W||₂ ≤ 1`` kept by ``weight_bounds={'W': 0.5}``, not by ``{'W': 2.0}``."""
+    """``||W||₂ ≤ 1`` kept by ``weight_bounds={'W': 0.5}``, not by ``{'W': 2.0}``.
+
+    Pins: ``{'W': 2.0}`` (which keeps ``||W||₂ ≤ 2 − margin``) was labelled "weight control"."""
     rng = np.random.default_rng(1)
     z, x = State("z", 6), Input("x", 4)
     u = Weight("U", (6, 4), rng.standard_normal((6, 4)))
@@ -133,7 +138,9 @@ def test_a_looser_weight_bound_does_not_keep_the_condition() -> None:
 
 
 def test_several_conditions_are_named_in_the_plural(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two loose conditions: "read … cannot keep them … leave them false", never "it"."""
+    """Two loose conditions: "read … cannot keep them … leave them false", never "it".
+
+    Pins: the warning for several conditions said "cannot keep it … leave it false"."""
     import lowering.module as module
     from lowering.weight_control import certificate_conditions
 
@@ -150,10 +157,14 @@ def test_several_conditions_are_named_in_the_plural(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_monotone_margin_measured_at_the_weights_is_a_condition() -> None:
-    """An inclusion ``0 ∈ z + Wz − Ux + ∂f_relu(z)``: its strong monotonicity was measured at
-    the declared ``W`` (the derivation names ``λ_min(½(M + Mᵀ)) > 0``), but the certificate had
-    no condition — no warning, and an empty ``certificate_status()`` even after training made
-    ``M`` non-monotone (the uniqueness claim false, silently)."""
+    """An inclusion ``0 ∈ z + Wz − Ux + ∂f_relu(z)``: its strong monotonicity is measured at
+    the declared ``W`` (the derivation names ``λ_min(½(M + Mᵀ)) > 0``), so the certificate has
+    that condition: warned about at construction, evaluated by ``certificate_status()`` (against
+    numpy's eigenvalues) before and after a change that makes ``M`` non-monotone; with ``W`` a
+    constant it is "fixed" and not warned about.
+
+    Pins: the certificate had no condition — no warning, and an empty ``certificate_status()``
+    even after training made ``M`` non-monotone (the uniqueness claim false, silently)."""
     from convex_eq.inclusion import Inclusion
     from convex_eq.operators import Dense
 

@@ -166,9 +166,13 @@ def _exact_zero_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_cg_sample_with_exact_zero_residual_does_not_abandon_the_batch() -> None:
-    """The system is SPD (‖S M S‖ ≤ ‖M‖ ≤ 0.6, every d ∈ [0, 1]): CG must solve it.  It returns
-    None (NaN from 0/0 in sample 0's second step), although the same batch with an extra
-    all-zero cotangent row (which switches the clamps on) is solved."""
+    """The system is SPD (‖S M S‖ ≤ ‖M‖ ≤ 0.6, every d ∈ [0, 1]): CG must solve it, also when
+    one sample's recurrence residual reaches exactly 0 (sample 0 after one step), and give each
+    sample the dense solve's ``g`` (float64, 1e-8 relative against a CG tolerance of 1e-10).
+
+    Pins: ``pAp`` and ``rᵀr`` were clamped only when some sample started with ``s ⊙ v = 0``;
+    a sample that finished exactly later gave ``α = 0/0`` and CG was abandoned for the whole
+    batch (the same batch with an extra all-zero cotangent row was solved)."""
     m, d, v = _exact_zero_case()
     jt = DiagonalThenT(d, MatrixT(m, symmetric=True))
     cfg = AdjointConfig("auto", 1e-10, 200, "raise", "auto", True)
@@ -187,9 +191,10 @@ def test_cg_sample_with_exact_zero_residual_does_not_abandon_the_batch() -> None
 def test_float32_relu_layer_takes_cg_by_default() -> None:
     """The canonical ReLU layer (float32, defaults, N = 10, B = 200): B·N > 512, so no direct
     solve; ``WᵀW`` is formed and self-adjoint: the default adjoint is documented to be CG
-    (docs/theory.md §8, CHANGELOG).  It falls back to plain iteration after ~7 wasted CG
-    iterations (a sample's residual reached exactly 0); with the clamps always on, CG finishes
-    in 8–10 iterations on every seed tried (10/10)."""
+    (docs/theory.md §8).  CG finishes there in 8–10 iterations on every seed tried (10/10).
+
+    Pins: the batch fell back to plain iteration after ~7 wasted CG iterations whenever a
+    sample's residual reached exactly 0 (nearly every call at N = 10 or 16)."""
     d = _layer()
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.standard_normal((200, 10)), dtype=torch.float32).requires_grad_()
@@ -204,8 +209,10 @@ def test_float32_relu_layer_takes_cg_by_default() -> None:
 def test_cg_iterations_follow_the_stats_contract() -> None:
     """``SolverStats.iterations``: "(B,) iterations until the sample first met tol (or K)", read
     from the sample's own ``residuals`` — what every other solver's statistics give (the
-    property computes it when ``iterations_`` is None).  CG reports K for every sample; here
-    sample 0 (``s ⊙ v = 0``: its residual history is 0 from the first iteration) reads K."""
+    property computes it when ``iterations_`` is None).  Sample 0 (``s ⊙ v = 0``: its residual
+    history is 0 from the first iteration) meets tol at iteration 1.
+
+    Pins: the CG statistics gave every sample the batch's iteration count K."""
     g = torch.Generator().manual_seed(1)
     n, b = 12, 5
     a = torch.randn(n, n, generator=g, dtype=T64)

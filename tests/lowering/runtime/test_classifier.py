@@ -1,5 +1,6 @@
 """``lowering.classifier``: the pooling head fits 1-row and 1-D states, branch features are
-concatenated, the training settings reach the module, solver statistics are reported honestly."""
+concatenated, the training settings reach the module (and choose weight control only where a
+weight needs it), solver statistics are reported honestly."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 from torch import nn
 
 import lowering
-from convex_eq import Antiderivative, Input, SqNorm, State, Weight, models
+from convex_eq import Antiderivative, Constant, Input, SqNorm, State, Weight, models
 from convex_eq.errors import ConvergenceWarning, OptionError
+from convex_eq.models import opteq
 from lowering.classifier import EquilibriumClassifier, StatsMeter, TrainingSettings
 
 
@@ -89,12 +91,10 @@ def test_meter_counts_steps_stopped_at_the_cap() -> None:
 
 
 def test_classifier_settings_on_a_constant_condition() -> None:
-    """The training settings of ``EquilibriumClassifier`` chose the same control and refused
-    to build on such a layer; the weight-bearing condition of OptEq is still controlled."""
-    from convex_eq import Constant
-    from convex_eq.models import opteq
-    from lowering.classifier import TrainingSettings
+    """A norm condition on a fixed ``Constant``: the classifier's training settings choose no
+    weight control and the module builds; OptEq's weight-bearing condition is controlled.
 
+    Pins: the settings chose spectral-norm control for the constant and refused to build."""
     z, x = State("z", 6), Input("x", 4)
     c0 = np.random.default_rng(0).normal(size=(6, 6))
     cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)

@@ -3,7 +3,8 @@ module runs inside ``torch.compile``: the same iterates and the same stop as the
 every claim of convergence confirmed exactly, and the module's compiled path equal to its
 eager one.
 
-All in float64 on tiny states (each compiled chunk costs a few seconds of compiling once)."""
+Tiny states (each compiled chunk costs a few seconds of compiling once); the module under
+``torch.compile`` is tested in tests/lowering/runtime/test_torch_compile.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from convex_eq.errors import OptionError
+from lowering import solvers
 from lowering.solvers import (
     CompiledSteps,
     compiled_steps,
@@ -139,8 +141,10 @@ def test_compile_steps_is_validated(bad: object) -> None:
 def test_a_zero_fixed_point_has_no_nan_residuals_in_compiled_chunks() -> None:
     """Sample 0's iterates are exactly 0 from the start (``relu(0.9·z − c)``, ``c > 0``): a
     finite fixed point.  ``SolverStats.residuals`` is documented NaN only where the iterate
-    was not finite, and the eager loop records 0 there (its 0/0 goes to the exact form); the
-    compiled chunks measured ``||0|| / ||0||`` = NaN for every iteration inside a chunk.
+    was not finite: the compiled chunks record 0 there, as the eager loop does (its 0/0 goes
+    to the exact form).
+
+    Pins: the chunks measured ``||0|| / ||0||`` = NaN for every iteration inside a chunk.
 
     No tolerance: the checks are NaN-ness and exact zeros (0 − 0 and ||0|| are exact in any
     arithmetic)."""
@@ -164,18 +168,17 @@ def test_an_overflowed_plain_norm_leaves_no_false_zero_in_the_history(scale: flo
     """Float32 states near 1e20: ``||f(z)||²`` overflows in float32 while ``||f(z) − z||``
     does not, so the plain residual reads 0; near 1e-19 the squares of a difference at
     relative size 1e-3 underflow, with the same result.  The stop is confirmed exactly (the
-    solve goes on), but that 0 stayed in ``SolverStats.residuals``, and ``iterations``
-    reported the sample as meeting ``tol`` at that iteration, long before any iterate did
-    (eager loop, and the compiled chunks).  Every recorded residual at or below ``tol`` must
-    belong to an iterate whose exact residual meets it.  (Fails with the tracker's first-image
-    scale check, ``_extreme_scale``, disabled: checked at both scales.)
+    solve goes on), and in the eager loop and the compiled chunks alike every recorded residual
+    at or below ``tol`` belongs to an iterate whose exact residual meets it.  (Fails with the
+    tracker's first-image scale check, ``_extreme_scale``, disabled: checked at both scales.)
+
+    Pins: the false 0 stayed in ``SolverStats.residuals`` and ``iterations`` reported the
+    sample as meeting ``tol`` there, long before any iterate did.
 
     Tolerance: the iterates are recomputed by the same float32 ``addmm`` in the same order
     (deterministic on one machine); a residual recorded with float32 plain norms and the
     exact float64 one of the same iterate differ by ~1e-6 relative when nothing overflows,
     so 1.001·tol separates a true claim from a false 0 (exact residual ≫ tol) on any BLAS."""
-    from lowering.solvers import exact_rel_residual
-
     g = torch.Generator().manual_seed(0)
     n, tol = 8, 1e-5
     a = torch.randn(n, n, generator=g)
@@ -204,17 +207,18 @@ def test_an_overflowed_plain_norm_leaves_no_false_zero_in_the_history(scale: flo
 @pytest.mark.parametrize("f, z0", [(shrinking, torch.ones(2, 8)),
                                    (one_diverging, torch.zeros(2, 8))],
                          ids=["warm-start-to-tiny-scale", "one-diverging-sample"])
-def test_no_false_zero_inside_compiled_chunks_either(
+def test_no_false_zero_in_the_history_of_compiled_chunks(
         f: Callable[[torch.Tensor], torch.Tensor], z0: torch.Tensor) -> None:
-    """The same two solves in compiled chunks of 4 (``compiled_steps``): a chunk's interior
-    residuals (plain float32 norms, ``_run_steps``) are recorded without any confirmation, so
-    a false 0 read inside a chunk stays in the history even where the eager loop's is
-    corrected.  (The chunk runs while the worst rate predicts many more iterations — here
-    while a sample diverges or the residual has not started falling — exactly when these
-    scales are reached.)  Tolerances as in the eager test above: elementwise float32 maps,
-    float64 reference norms, false entries 0 against ≥ 1e-4."""
-    from lowering.solvers import CompiledSteps, compiled_steps
+    """The two solves of the eager false-zero test in tests/lowering/runtime/test_residuals.py
+    (``shrinking`` from ``z0 = 1``, ``one_diverging``) in compiled chunks of 4: a chunk's
+    interior residuals (plain float32 norms, ``_run_steps``) must not keep a false 0 either.
+    (The chunk runs while the worst rate predicts many more iterations — here while a sample
+    diverges or the residual has not started falling — exactly when these scales are reached.)
+    Tolerances as there: elementwise float32 maps, float64 reference norms, false entries 0
+    against ≥ 1e-4.
 
+    Pins: a chunk's interior residuals were recorded without confirmation, so a false 0 read
+    inside a chunk stayed in the history where the eager loop's was corrected."""
     tol = 1e-6
     with compiled_steps(CompiledSteps(4)):
         _, st = solve(f, z0, "plain", tol=tol, max_iter=100)
@@ -222,12 +226,9 @@ def test_no_false_zero_inside_compiled_chunks_either(
     assert not bool(false_pass.any()), (st.solver, false_pass.nonzero()[:4])
 
 
-# ---------------------------------------------------------------- contexts
 def test_compiled_steps_context_restores_the_outer_setting() -> None:
     """Entering with the value already set changes nothing; entering with another one sets it
     and restores the outer value on exit, also when the body raises."""
-    from lowering import solvers
-
     outer = solvers.CompiledSteps(4)
     assert solvers._COMPILED.get() is None
     with compiled_steps(outer):

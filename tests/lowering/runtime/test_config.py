@@ -1,6 +1,7 @@
-"""The module's call entry (lowering/module.py ``forward`` / ``_express``): options changed in
-place on ``module.config`` take effect on the next call, a subclass's own ``_forward`` is
-honoured, and grad mode is restored when a solve raises."""
+"""The module's configuration (lowering/config.py ``ModuleConfig``): its fields are plain
+mutable dataclasses, and an option changed in place on ``module.config`` (or a config replaced
+whole) takes effect on the next call, on the general and on the express path alike; what the
+layer refuses at construction it refuses when set in place."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import torch
 
 import convex_eq as ce
 import lowering
-from convex_eq.errors import ConvergenceWarning
+from convex_eq.errors import ConvergenceWarning, OptionError
 from convex_eq.models import opteq
 from tests.lowering.runtime.helpers import relu_layer
 
-T64 = torch.float64
+T64 = F64 = torch.float64
 
 
 def _grad(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -27,7 +28,10 @@ def _grad(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def test_backward_mode_set_in_place_takes_effect() -> None:
     """``module.config.backward.mode`` changed after construction is the strategy of the next
-    call (it was fixed at construction: the implicit gradient came back under 'phantom')."""
+    call: 'phantom' set in place gives what a module built with 'phantom' gives.
+
+    Pins: the mode was fixed at construction (the implicit gradient came back under
+    'phantom')."""
     d = relu_layer()
     x = torch.as_tensor(np.random.default_rng(1).standard_normal((5, 8)), dtype=T64)
     kw = dict(weight_control=None, dtype=T64, tol=1e-12, max_iter=500)
@@ -64,9 +68,6 @@ def test_adjoint_settings_match_the_properties() -> None:
                                           kw.get("backward_max_iter", cfg.forward.max_iter))
 
 
-F64 = torch.float64
-
-
 def _module(**kw):
     layer = lowering.lower(opteq(n=8, m=8, d=4, activation="tanh", seed=0))
     return layer.torch_module(dtype=F64, tol=1e-10, max_iter=500, **kw)
@@ -84,12 +85,13 @@ def _call_and_backward(m) -> torch.Tensor:
 
 
 def test_adjoint_options_changed_in_place_reach_the_backward() -> None:
-    """The express path cached the adjoint's configuration per config *object*: after
-    ``config.backward.tol`` / ``max_iter`` / ``on_nonconvergence`` were changed in place, the
-    backward kept solving with the old tolerance and cap, and raised where 'warn' was asked
-    for (the general path reads them on every call).  Exact comparisons: the tolerance is the
-    configured number itself, and one iteration cannot meet 1e-15 in this tanh layer (its
-    first adjoint residual is ~0.2)."""
+    """``config.backward.tol`` / ``max_iter`` and ``config.on_nonconvergence`` changed in
+    place are what the next backward uses (the express path's too).  Exact comparisons: the
+    tolerance is the configured number itself, and one iteration cannot meet 1e-15 in this tanh
+    layer (its first adjoint residual is ~0.2).
+
+    Pins: the express path cached the adjoint's configuration per config object and kept the
+    old tolerance and cap, and raised where 'warn' was asked for."""
     m = _module(backward_adjoint="iterative", backward_tol=1e-8)
     _call_and_backward(m)
     assert m.last_backward_stats.tol == 1e-8
@@ -100,16 +102,17 @@ def test_adjoint_options_changed_in_place_reach_the_backward() -> None:
     m.config.on_nonconvergence = "warn"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _call_and_backward(m)  # raised ConvergenceError with the stale 'raise'
+        _call_and_backward(m)  # 'warn': a warning, not a ConvergenceError
     assert m.last_backward_stats.residuals.shape[1] == 1
     assert any(issubclass(w.category, ConvergenceWarning) and "adjoint" in str(w.message)
                for w in caught)
 
 
 def test_unroll_set_in_place_is_not_bypassed() -> None:
-    """``config.backward.mode = "unroll"`` set in place after a call: the express path's
-    cached decision still sent the call through the planned solve and the implicit gradient
-    (the general path unrolls, as it did before the express path)."""
+    """``config.backward.mode = "unroll"`` set in place after a call: the next call unrolls.
+
+    Pins: the express path's cached decision sent the call through the planned solve and the
+    implicit gradient."""
     m = _module()
     _call_and_backward(m)
     m.config.backward.mode = "unroll"
@@ -119,8 +122,10 @@ def test_unroll_set_in_place_is_not_bypassed() -> None:
 
 
 def test_sam_set_in_place_is_not_bypassed() -> None:
-    """``config.sam`` set in place after a call: the express path's cached decision ran the
-    plain forward solve and returned its equilibrium as if SAM had selected it."""
+    """``config.sam`` set in place after a call: the next call runs the SAM iteration.
+
+    Pins: the express path's cached decision ran the plain forward solve and returned its
+    equilibrium as if SAM had selected it."""
     m = _module()
     with torch.no_grad():
         m(_x())
@@ -160,11 +165,7 @@ def test_express_path_is_taken_again_after_the_change_is_undone(change: str) -> 
     assert calls == [1, 1]
 
 
-# -------------------------------------- mask set in place on a batch-coupled layer's config
 def _coupled_module() -> torch.nn.Module:
-    import convex_eq as ce
-    from convex_eq.models import opteq
-
     base = opteq(n=6, m=6, d=3, activation="tanh")
     obj = 0.6 * ce.moreau(base + 0.05 * ce.BatchDecorrelation(base.states[0]), 0.4)
     return lowering.lower(obj).torch_module(dtype=torch.float64, weight_control=None)
@@ -172,10 +173,11 @@ def _coupled_module() -> torch.nn.Module:
 
 def test_mask_set_in_place_on_a_coupled_layer_is_refused() -> None:
     """Mask mode is refused at construction for a layer that couples its batch; set in place on
-    the config afterwards it went through: NaN inputs, failed samples and failed adjoints were
-    dropped from a coupled system, changing the kept samples' values. Each is refused now."""
-    from convex_eq.errors import OptionError
+    the config afterwards it is refused when it would act: for a NaN input, a failed forward
+    sample and a failed adjoint.
 
+    Pins: set in place, mask dropped NaN inputs, failed samples and failed adjoints from a
+    coupled system, changing the kept samples' values."""
     x = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     mod = _coupled_module()
     mod.config.on_nonconvergence = "mask"

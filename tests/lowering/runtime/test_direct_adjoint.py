@@ -1,5 +1,6 @@
-"""Input injections are computed once per forward solve, not in every evaluation of ``T``
-(``lowering.nodes.partial_evaluation``), and the gradient path is unaffected."""
+"""The direct adjoint (lowering/backward.py, ``backward_adjoint="direct"``): the Jacobian's
+per-sample blocks formed once and solved by LU, against the iterative adjoint and a dense
+reference."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from convex_eq.models import opteq
 def test_direct_adjoint_matches_iterative_and_dense_reference() -> None:
     """``backward_adjoint="direct"`` (Jacobian formed once, LU solve) gives the gradient of the
     iterative adjoint; its statistics say "direct" with a measured residual.  (The exact dense
-    float64 check of the implicit gradient is in tests/test_training.py.)"""
+    float64 check of the implicit gradient is in test_implicit_backward.py.)"""
     torch.manual_seed(1)
     obj = opteq(n=8, m=8, d=4)
     x = torch.randn(6, 4, dtype=torch.float64)

@@ -1,6 +1,7 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""The implicit backward (lowering/backward.py ``ImplicitBackward``, docs/theory.md §8): the
+gradient through the equilibrium by the implicit function theorem, against finite differences,
+a dense exact solve and the unrolled iteration; the backward's graph and memory; its failure
+reports (raise, warn, mask) per batch sample; batch-coupled layers."""
 
 from __future__ import annotations
 
@@ -17,10 +18,7 @@ from torch import nn
 
 import lowering
 from benchmarks.common import qp_objective, qp_weight
-from convex_eq.errors import (
-    ConvergenceError,
-    ConvergenceWarning,
-)
+from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 from convex_eq.models import opteq
 from lowering import backward as bw
 from tests.lowering.helpers import randn
@@ -33,7 +31,7 @@ from tests.lowering.runtime.helpers import (
     uneven_relu_layer,
 )
 
-T64 = torch.float64
+T64 = F64 = torch.float64
 
 
 def test_gradcheck_ift_and_unrolled_agreement() -> None:
@@ -111,7 +109,6 @@ def _exact_implicit_grad(m, head, x, y) -> torch.Tensor:
     return grads
 
 
-# ------------------------------------------------------------------ the linearisation
 def test_planned_gradient_matches_finite_differences() -> None:
     """An independent check of the gradient with respect to the input: central differences of
     the solved layer in float64 (tol 1e-13, so the solve's own error, ~1e-13, is far below
@@ -130,7 +127,7 @@ def test_planned_gradient_matches_finite_differences() -> None:
             assert abs(float(fd) - float(gx[i, j])) <= 1e-7 * max(1.0, abs(float(fd)))
 
 
-def test_inplace_change_of_the_output_still_fails_the_backward() -> None:
+def test_inplace_change_of_the_output_fails_the_backward() -> None:
     """The backward linearises at an alias of its saved output, which it unpacks first:
     changing the output in place before backward raises (as torch's contract says) instead of
     giving a gradient for a point the output no longer is."""
@@ -188,13 +185,15 @@ def no_cyclic_gc():
             gc.enable()
 
 
-# ----------------------------------------------------------- 1. no cycle through the output
 @pytest.mark.parametrize("batch", [1, 40])  # 1: the direct adjoint; 40: the iterative one
 @pytest.mark.parametrize("backward", [False, True])
 def test_output_and_problem_freed_without_the_cyclic_collector(
         batch: int, backward: bool, problems: list, no_cyclic_gc: None) -> None:
     """With the cyclic collector off, dropping the output (after a backward or without one)
-    frees it and the backward's problem at once (reference counts reach zero: no cycle)."""
+    frees it and the backward's problem at once (reference counts reach zero: no cycle).
+
+    Pins: the plan's linearisation held the output tensor itself, whose ``grad_fn`` holds the
+    problem: a cycle that kept the whole graph alive until the cyclic collector ran."""
     mod = _module()
     x = torch.randn(batch, 64, dtype=torch.float64, requires_grad=True)
     z = mod(x)
@@ -207,12 +206,10 @@ def test_output_and_problem_freed_without_the_cyclic_collector(
     assert problems[-1]() is None, "the backward's problem is kept alive by a reference cycle"
 
 
-# ---------------------------------------------------------------- adjoint report
 @pytest.mark.parametrize("adjoint", ["iterative", "auto"])
-def test_unconverged_adjoint_is_still_reported(adjoint: str) -> None:
-    """PASSES on f54aeae (checked property).  ``_report`` trusts ``all_converged`` only as a
-    shortcut: an adjoint solve cut off after 3 iterations (ρ(J) ≈ 0.97, far from tol) still
-    raises, with the samples named."""
+def test_an_unconverged_adjoint_is_reported(adjoint: str) -> None:
+    """``_report`` trusts ``all_converged`` only as a shortcut: an adjoint solve cut off after
+    3 iterations (ρ(J) ≈ 0.97, far from tol) raises, with the samples named."""
     layer = lowering.lower(qp_objective(qp_weight(16, d=8, norm=0.97)))
     mod = layer.torch_module(weight_control=None, dtype=torch.float64, tol=1e-6,
                              backward_adjoint=adjoint, backward_max_iter=3)
@@ -224,16 +221,14 @@ def test_unconverged_adjoint_is_still_reported(adjoint: str) -> None:
                             create_graph=adjoint == "auto")
 
 
-# ---------------------------------------------------------------- defect (pre-existing)
 @pytest.mark.parametrize("create_graph", [False, True])
 def test_mask_mode_backward_when_every_sample_failed(create_graph: bool) -> None:
-    """Failed on f54aeae (defect, pre-existing: 7fa4d22 failed the same way in
-    ``_extreme_scale``); solves of an empty batch now return at once.  on_nonconvergence='mask'
-    with every sample of the batch unconverged:
-    the forward returns all-NaN rows as documented, but the backward runs the iterative adjoint
-    on an empty (0, N) batch and dies in ``Tracker.record`` with a bare RuntimeError
-    ("max(): Expected reduction dim ...") instead of giving the masked samples no gradient (as
-    the direct adjoint, and a batch with one surviving sample, do)."""
+    """on_nonconvergence='mask' with every sample of the batch unconverged: the forward returns
+    all-NaN rows as documented, and the backward gives the masked samples no gradient (an
+    exact zero), as the direct adjoint and a batch with one surviving sample do.
+
+    Pins: the iterative adjoint ran on the empty (0, N) batch and died in ``Tracker.record``
+    with a bare RuntimeError ("max(): Expected reduction dim ...")."""
     layer = lowering.lower(qp_objective(qp_weight(16, d=8, norm=0.97)))
     mod = layer.torch_module(weight_control=None, solver="plain", tol=1e-6, max_iter=6,
                              on_nonconvergence="mask", backward_adjoint="iterative")
@@ -245,9 +240,6 @@ def test_mask_mode_backward_when_every_sample_failed(create_graph: bool) -> None
     (gq,) = torch.autograd.grad(z.nan_to_num().sum(), q, create_graph=create_graph)
     assert torch.equal(gq, torch.zeros_like(gq))
     assert not math.isnan(float(gq.detach().sum()))
-
-
-F64 = torch.float64
 
 
 def _adjoint_fails_alone(layer, state: dict, x: torch.Tensor, opts: dict) -> bool:
@@ -269,7 +261,10 @@ def test_masked_backward_names_batch_samples(drop: str) -> None:
     """With samples masked out, the adjoint failure warning names the batch indices of the
     samples whose adjoint fails (the same set as each sample's backward run alone), and
     ``last_backward_stats`` covers the whole batch: converged exactly where the sample's
-    adjoint converges alone, not converged (NaN residual) for the masked samples."""
+    adjoint converges alone, not converged (NaN residual) for the masked samples.
+
+    Pins: the adjoint's statistics and its warning indexed the remaining rows, not the batch:
+    fewer entries than the batch, and the wrong samples named (row 0 for batch sample 1)."""
     layer = uneven_relu_layer()
     x = uneven_inputs()
     opts = dict(dtype=F64, solver="plain", tol=1e-8,
@@ -302,7 +297,6 @@ def test_masked_backward_names_batch_samples(drop: str) -> None:
     assert st.failed_indices == sorted(set(fails) | set(torch.nonzero(masked).flatten().tolist()))
 
 
-# ------------------------------------------------------- mask mode: an unconverged adjoint
 def _mask_case() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """The QP layer in mask mode with an adjoint capped at 20 plain iterations: inputs shifted
     down leave few ReLUs on, and the adjoint (a contraction on the active units only) converges
@@ -325,7 +319,9 @@ def test_mask_leaves_an_unconverged_adjoint_out_of_the_gradient() -> None:
     warning and left out of the gradient, as the forward's failed samples are: their input
     gradient rows are zero and the weights' gradient equals that of the converged samples
     alone (the reference: the same module on that subset, where every adjoint converges).
-    Before, they only warned, and their unconverged rows entered the weights' gradient."""
+
+    Pins: they were only warned about, and their unconverged rows entered the weights'
+    gradient."""
     mod, x, c = _mask_case()
     xx = x.clone().requires_grad_()
     with pytest.warns(UserWarning, match=r"indices 0, 6, 7.*left out of the gradient"):
@@ -342,8 +338,8 @@ def test_mask_leaves_an_unconverged_adjoint_out_of_the_gradient() -> None:
     # the converged samples' adjoints in the two runs both meet the relative residual 1e-10 of
     # the same contraction (‖DM‖ ≤ ‖W‖₂² = 0.81), so each is within 1e-10/(1 − 0.81) ≈ 5e-10
     # relative of the exact one (the full batch iterates them longer: its stop waits for the
-    # worst sample); 1e-8 bounds their difference on any BLAS, while the unconverged samples'
-    # rows that entered the weights' gradient before were O(1) of it
+    # worst sample); 1e-8 bounds their difference on any BLAS, while unconverged rows entering
+    # the weights' gradient would be O(1) of it
     ref = mod.weights["W"].grad
     assert float((w_grad - ref).abs().max()) <= 1e-8 * float(ref.abs().max())
     assert float((xx.grad[ok] - sub.grad).abs().max()) <= 1e-8 * float(sub.grad.abs().max())
@@ -352,11 +348,11 @@ def test_mask_leaves_an_unconverged_adjoint_out_of_the_gradient() -> None:
 def test_nested_batch_coupling_uses_the_iterative_adjoint_and_refuses_mask() -> None:
     """A batch decorrelation inside a Moreau envelope couples the samples: the direct (per-sample
     block) adjoint does not apply, mask mode is refused, and the gradient equals the unrolled
-    one (it was 0.84/6.1 off, reported as a 1e-17 residual, when the coupling went unseen)."""
-    import pytest
+    one.
 
+    Pins: with the coupling unseen the gradient was 0.84/6.1 off, reported as a 1e-17
+    residual."""
     import convex_eq as ce
-    from convex_eq.errors import OptionError
 
     base = opteq(n=6, m=6, d=3, activation="tanh")
     z = base.states[0]

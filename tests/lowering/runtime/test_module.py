@@ -1,6 +1,7 @@
-"""The module's call entry (lowering/module.py ``forward`` / ``_express``): options changed in
-place on ``module.config`` take effect on the next call, a subclass's own ``_forward`` is
-honoured, and grad mode is restored when a solve raises."""
+"""The emitted module's call (lowering/module.py ``EquilibriumModule.forward``): the entry and
+the subclass and instance overrides it honours, grad mode around a raising solve, outputs that
+own their storage, the statistics of every call, per-sample failures (raise, warn, mask) and
+the messages that name what to change."""
 
 from __future__ import annotations
 
@@ -19,21 +20,8 @@ from torch import nn
 import convex_eq as ce
 import lowering
 from benchmarks.common import qp_objective, qp_weight
-from convex_eq import (
-    Input,
-    Linear,
-    Objective,
-    Potential,
-    SqNorm,
-    State,
-    Weight,
-    models,
-)
-from convex_eq.errors import (
-    ConvergenceError,
-    NonFiniteError,
-    OptionError,
-)
+from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight, models
+from convex_eq.errors import ConvergenceError, NonFiniteError, OptionError
 from convex_eq.models import opteq
 from lowering.module import EquilibriumModule
 from tests.lowering.helpers import randn
@@ -46,12 +34,11 @@ from tests.lowering.runtime.helpers import (
     uneven_relu_layer,
 )
 
-T64 = torch.float64
-
-
+T64 = F64 = torch.float64
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# ------------------------------------------------------------------ the call entry
 def test_a_subclass_forward_is_honoured() -> None:
     """The entry calls the class's ``_forward`` directly only when it is the module's own."""
     seen: list[int] = []
@@ -109,10 +96,11 @@ def test_the_entry_without_dynamo_honours_subclasses() -> None:
 
 
 def test_instance_forward_override_is_honoured_without_dynamo() -> None:
-    """An instance's own ``_forward`` (a spy, ``mock.patch.object(module, "_forward")``) was
-    called by ``forward`` before this change, and still is once ``torch._dynamo`` is loaded;
-    in a fresh interpreter (dynamo not loaded) the entry checks the class only and skips it.
-    Run in a subprocess: this test process may have loaded dynamo already."""
+    """An instance's own ``_forward`` (a spy, ``mock.patch.object(module, "_forward")``) is
+    called by ``forward``, also in a fresh interpreter where ``torch._dynamo`` is not loaded
+    (run in a subprocess: this test process may have loaded dynamo already).
+
+    Pins: without dynamo the entry checked the class only and skipped the instance's spy."""
     code = textwrap.dedent("""
         import sys
         import numpy as np, torch, lowering
@@ -140,10 +128,11 @@ def test_instance_forward_override_is_honoured_without_dynamo() -> None:
     assert calls == "1", "the instance's _forward was skipped"
 
 
-F64 = torch.float64
-
-
 def test_unrolled_call_keeps_no_image_in_last_stats() -> None:
+    """The solver's last image serves the implicit backward's express path only: an unrolled
+    call's statistics do not hold it.
+
+    Pins: an unrolled call left the image in ``last_stats``."""
     mod = lowering.lower(qp_objective(qp_weight(64, norm=0.9, seed=0))).torch_module(
         weight_control=None, dtype=F64, backward="unroll")
     mod(torch.randn(8, 64, dtype=F64, requires_grad=True))
@@ -151,6 +140,11 @@ def test_unrolled_call_keeps_no_image_in_last_stats() -> None:
 
 
 def test_output_keeps_its_graph_when_only_an_unreached_parameter_needs_grad() -> None:
+    """``W`` frozen, and the only trainable parameter ``V`` enters a term of the input alone
+    (``½||Vq||²``, which ``T`` never reads): the output still carries a graph and the backward
+    runs.
+
+    Pins: the output came back without a graph there."""
     w = qp_weight(64, norm=0.9, seed=0)
     m, d = w.shape
     z, q = State("z", d), Input("q", d)
@@ -160,16 +154,15 @@ def test_output_keeps_its_graph_when_only_an_unreached_parameter_needs_grad() ->
     mod = lowering.lower(obj).torch_module(weight_control=None, dtype=F64)
     mod.weights.W.requires_grad_(False)
     out = mod(torch.randn(8, d, dtype=F64))
-    assert out.requires_grad  # (the parent: a grad_fn; loss.backward() gives V.grad None)
+    assert out.requires_grad  # (V's gradient itself is None: T does not read V)
     out.sum().backward()
 
 
-# ---------------------------------------------------------------- in-place activation
+# ------------------------------------------------------------------ outputs and warm starts
 def test_in_place_relu_leaves_input_warm_start_and_plan_constants_alone() -> None:
-    """PASSES on f54aeae (checked property).  The module's planned ReLU layer (``relu_`` on
-    ``addmm(q, z, M)``) never writes into the user's input ``q``, the warm start ``z0`` or the
-    plan's state-free tensors: a second identical call gives bitwise the same output and
-    gradient (same kernels, same order)."""
+    """The module's planned ReLU layer (``relu_`` on ``addmm(q, z, M)``) never writes into the
+    user's input ``q``, the warm start ``z0`` or the plan's state-free tensors: a second
+    identical call gives bitwise the same output and gradient (same kernels, same order)."""
     layer = lowering.lower(qp_objective(qp_weight(16, d=8)))
     mod = layer.torch_module(weight_control=None, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
@@ -216,16 +209,12 @@ def test_warm_started_output_does_not_alias_z0() -> None:
     assert torch.equal(out, before)
 
 
-# ------------------------------------------------------------------ 4. the boxed equilibrium
 @pytest.mark.parametrize("backward", ["implicit", "phantom"])
 def test_the_output_shares_no_storage_with_a_warm_start(backward: str) -> None:
-    """The output is now the solver's iterate itself (no copy).  Warm-started at the
-    equilibrium, the solve stops at its first record, whose iterate is ``z0``: the output must
-    still be a tensor of its own, so that an in-place change of it (here under no_grad) leaves
-    the caller's ``z0`` and input untouched (exact comparisons: nothing is computed)."""
-    import lowering
-    from benchmarks.common import qp_objective, qp_weight
-
+    """The output is the solver's iterate itself (no copy).  Warm-started at the equilibrium,
+    the solve stops at its first record, whose iterate is ``z0``: the output is still a tensor
+    of its own, so that an in-place change of it (here under no_grad) leaves the caller's
+    ``z0`` and input untouched (exact comparisons: nothing is computed)."""
     layer = lowering.lower(qp_objective(qp_weight(8, 8, norm=0.8, seed=0)))
     mod = layer.torch_module(weight_control=None, tol=1e-8, max_iter=300, backward_tol=1e-8,
                              backward_max_iter=300, dtype=torch.float64, backward=backward)
@@ -242,10 +231,13 @@ def test_the_output_shares_no_storage_with_a_warm_start(backward: str) -> None:
     assert torch.equal(z0, keep_z0) and torch.equal(q.detach(), keep_q)
 
 
-# ------------------------------------------------------------------ 2. inference mode
+# ------------------------------------------------------------------ statistics of every call
 def test_a_call_under_inference_mode_does_not_break_later_calls() -> None:
     """Evaluating under ``torch.inference_mode()`` and then training (or evaluating again) is
-    ordinary use; the second call must run (and match the first: same inputs, same ops)."""
+    ordinary use; the second call must run (and match the first: same inputs, same ops).
+
+    Pins: an inference tensor cached as the bilinear placeholder (``GradSum._zeros``) made
+    every later call of the layer raise."""
     torch.manual_seed(1)
     mod = qp_module_16()
     q = torch.randn(2, 16, dtype=torch.float64)
@@ -260,16 +252,19 @@ def test_a_call_under_inference_mode_does_not_break_later_calls() -> None:
     torch.testing.assert_close(z.detach(), a, rtol=0, atol=0)
 
 
-# 6. ``last_stats`` was written only when a call returned: after a ``ConvergenceError`` (or a
-#    ``NonFiniteError`` for NaN inputs) it still held the previous call's statistics, "all
-#    converged", to whoever caught the error and logged the solver state.
 def test_last_stats_describe_the_call_that_raised() -> None:
+    """After a ``ConvergenceError`` ``last_stats`` describes the failed call (its failed
+    samples are the ones the error names); after a ``NonFiniteError`` for NaN inputs nothing
+    was solved and ``last_stats`` is None.
+
+    Pins: ``last_stats`` was written only when a call returned, so whoever caught the error
+    read the previous call's "all converged"."""
     layer = uneven_relu_layer()
     x = uneven_inputs()
     m = layer.torch_module(dtype=F64, solver="plain", tol=1e-8, max_iter=500)
     m(x[:3])  # a converged call first
     assert bool(m.last_stats.converged.all())
-    m.config.forward.max_iter = 5  # (the same module, now failing)
+    m.config.forward.max_iter = 5  # the same module, made to fail
     with pytest.raises(ConvergenceError) as err:
         m(x)
     st = m.last_stats
@@ -308,7 +303,7 @@ def _scaled_residual(module: nn.Module, x: torch.Tensor, z: torch.Tensor) -> np.
     return np.array(out)
 
 
-# ----------------------------------------------------------------------------- honest flags
+# ------------------------------------------------------------------ per-sample failures
 @pytest.mark.parametrize("dtype", [torch.float32, T64])
 @pytest.mark.parametrize("solver", ["plain", "anderson", "broyden"])
 def test_expansive_layer_never_reports_a_non_fixed_point_as_converged(solver, dtype):
@@ -336,6 +331,9 @@ def test_expansive_layer_never_reports_a_non_fixed_point_as_converged(solver, dt
 
 
 def test_mask_mode_drops_only_the_failing_sample():
+    """A NaN input in sample 3 under mask mode: that row is NaN, the others equal the clean
+    batch's (1e-6: float32 solves at their default tol of 1e-6), and the gradient of the kept
+    samples is finite."""
     d, x, bad = nan_batch()
     m = d.torch_module(on_nonconvergence="mask")
     ref = m(x).detach()
@@ -349,6 +347,7 @@ def test_mask_mode_drops_only_the_failing_sample():
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
+# ------------------------------------------------------------------ failure messages
 def test_hint_never_suggests_what_is_set():
     d = lowering.lower(models.opteq(n=8, m=8, d=3, form="canonical", weight_norm=1.5, seed=0))
     m = d.torch_module(weight_control=None, max_iter=5)

@@ -1,18 +1,22 @@
-"""The emitted module as a training component: exact gradients (first and second order),
-certificates that hold at every optimizer step, honest convergence flags, per-sample failures,
-and the ordinary PyTorch protocols (pickle, state_dict, dtypes)."""
+"""The emitted module's dtype: half-precision modules solve in float32 and return their own
+dtype, and ``.to()`` / ``.double()`` / ``.half()`` move a module, a weightless one included."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import convex_eq as ce
 import lowering
-from convex_eq import Input, SqNorm, State, models
+from convex_eq import L1, Input, Linear, SqNorm, State, models
+
+F64 = torch.float64
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_modules_solve_in_float32(dtype):
+    """A float16 / bfloat16 module returns its dtype, agrees with the float32 module to the
+    rounding of its weights, and its weights' gradients have its dtype."""
     d = lowering.lower(models.opteq(n=6, m=6, d=3, seed=0))
     m32 = d.torch_module(dtype=torch.float32)
     mh = d.torch_module(dtype=dtype)
@@ -25,17 +29,13 @@ def test_half_precision_modules_solve_in_float32(dtype):
     assert mh.weights["W"].grad.dtype == dtype
 
 
-F64 = torch.float64
-
-
-# 11. A layer without tensor weights or constants (e.g. ½||z||² − <x, z> + 0.1||z||₁) had
-#     nothing for ``.to()`` / ``.double()`` to convert: ``module.dtype`` stayed the configured
-#     float32, so after ``.double()`` float64 inputs were cast down and float32 came out.
 @pytest.mark.parametrize("move", ["double", "to", "half"])
 def test_weightless_layer_follows_to(move: str) -> None:
-    import convex_eq as ce
-    from convex_eq import L1, Linear
+    """A layer without tensor weights or constants (``½||z||² − <x, z> + 0.1||z||₁``) takes the
+    dtype ``.double()`` / ``.to()`` / ``.half()`` give it, and its output has that dtype.
 
+    Pins: ``module.dtype`` stayed the configured float32 (nothing to convert), so after
+    ``.double()`` float64 inputs were cast down and float32 came out."""
     z, x = State("z", 4), Input("x", 4)
     m = lowering.lower(ce.Objective([SqNorm(z), -Linear(x, z), L1(z) * 0.1])).torch_module()
     assert not list(m.parameters())

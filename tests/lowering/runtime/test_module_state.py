@@ -1,6 +1,6 @@
-"""The emitted module as a training component: exact gradients (first and second order),
-certificates that hold at every optimizer step, honest convergence flags, per-sample failures,
-and the ordinary PyTorch protocols (pickle, state_dict, dtypes)."""
+"""The emitted module's state and copies: pickle, ``torch.save``, ``copy.deepcopy`` and
+``state_dict`` round trips, a state dict of another layer refused by name, caches that are made
+again rather than carried, and weights reparametrised with ``torch.nn.utils.parametrize``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from tests.lowering.runtime.helpers import (
 )
 
 
-# ----------------------------------------------------------------------------- protocols
 def test_pickle_torch_save_and_deepcopy_round_trip():
     d = conv_layer()
     m = d.torch_module()
@@ -55,7 +54,6 @@ def test_state_dict_of_another_layer_is_refused_by_name():
 T64 = torch.float64
 
 
-# ------------------------------------------------------------------ 7. module behaviour
 def test_state_dict_dtypes_and_errors() -> None:
     m = small_module(tol=1e-10)
     buf = io.BytesIO()
@@ -103,13 +101,16 @@ def test_module_caches_survive_pickle_deepcopy_and_moves() -> None:
     assert "_ops" not in pickle.loads(pickle.dumps(sig)).__dict__
 
 
-# ------------------------------------------------------------------ 1. parametrised weights
+# ------------------------------------------------------------------ parametrised weights
 def test_a_parametrised_weight_is_the_one_the_layer_uses() -> None:
     """``register_parametrization(mod.weights, name, m)`` makes ``mod.weights[name]`` read
     ``m(original)``; the layer must solve with that value (as with a plain weight set to it)
     and send gradients to ``original``.  Both layers converge to 1e-8 in float64 from the same
     inputs with the same operations: 1e-10 absolute is far above their float64 round-off and
-    far below the 0.5·W change (outputs differ by O(1))."""
+    far below the 0.5·W change (outputs differ by O(1)).
+
+    Pins: a parametrised weight (absent from ``weights._parameters``) was not read, and the
+    layer silently used the symbol's stored value."""
     torch.manual_seed(0)
     q = torch.randn(3, 16, dtype=torch.float64)
     mod, ref = qp_module_16(), qp_module_16()

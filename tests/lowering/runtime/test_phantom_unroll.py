@@ -1,6 +1,8 @@
-"""The emitted module as a training component: exact gradients (first and second order),
-certificates that hold at every optimizer step, honest convergence flags, per-sample failures,
-and the ordinary PyTorch protocols (pickle, state_dict, dtypes)."""
+"""The approximate backward strategies (lowering/backward.py): ``phantom`` (a few steps of the
+iteration differentiated at the equilibrium) gives first-order gradients only and refuses second
+order with a typed error; ``unroll`` (autograd through the iteration) handles a batch with no
+sample left.  Their agreement with the implicit gradient is in test_implicit_backward.py, their
+use under torch.func in test_torch_func.py."""
 
 from __future__ import annotations
 
@@ -9,20 +11,16 @@ import warnings
 import pytest
 import torch
 
-from convex_eq import (
-    models,
-)
-from convex_eq.errors import (
-    ConvergenceWarning,
-    OptionError,
-)
+from convex_eq import models
+from convex_eq.errors import ConvergenceWarning, OptionError
 from lowering import lower
 from tests.lowering.runtime.helpers import gen, small_dense, uneven_inputs, uneven_relu_layer
 
-T64 = torch.float64
+T64 = F64 = torch.float64
 
 
 def test_phantom_refuses_second_order_with_a_typed_error():
+    """``create_graph=True`` through a phantom layer: an OptionError; first order still runs."""
     m = small_dense().torch_module(dtype=T64, backward="phantom", weight_control=None)
     x = torch.randn(2, 2, dtype=T64, requires_grad=True)
     z = m(x)
@@ -34,6 +32,7 @@ def test_phantom_refuses_second_order_with_a_typed_error():
 
 
 def test_mon_phantom_second_order_is_a_typed_refusal() -> None:
+    """The same for a monotone-operator (splitting) layer; the hint does not suggest phantom."""
     m = lower(models.mon(n=4, d=2, seed=1)).torch_module(dtype=T64, backward="phantom")
     x = torch.randn(2, 2, dtype=T64, generator=gen(0), requires_grad=True)
     with pytest.raises(OptionError, match="first-order gradients only") as err:
@@ -41,16 +40,14 @@ def test_mon_phantom_second_order_is_a_typed_refusal() -> None:
     assert "backward='phantom'" not in (err.value.hint or "")  # no hint to what is set
 
 
-F64 = torch.float64
-
-
-# 9. ``backward='unroll'`` on an empty batch — every sample masked out (all inputs NaN, or
-#    every unrolled iterate non-finite) — crashed in the residual bookkeeping ("max():
-#    Expected reduction dim …"), where the other strategies return NaN outputs.
 @pytest.mark.parametrize("case", ["empty", "all_nan_inputs", "all_diverge"])
 def test_unroll_over_no_sample(case: str) -> None:
     """The outputs are NaN (empty for an empty batch), the statistics cover the batch with no
-    sample converged, and the backward runs (zero input gradients: no sample reaches it)."""
+    sample converged, and the backward runs (zero input gradients: no sample reaches it):
+    for an empty batch, every input NaN (masked) and every unrolled iterate non-finite.
+
+    Pins: the unrolled backward crashed in the residual bookkeeping ("max(): Expected
+    reduction dim …") where the other strategies return NaN outputs."""
     layer = uneven_relu_layer()
     x = uneven_inputs()[:3]
     opts = dict(dtype=F64, backward="unroll", on_nonconvergence="mask")

@@ -1,4 +1,4 @@
-"""``Tracker.plain_loop`` (lowering/solvers.py) against the loop it inlines: one
+"""Plain iteration (lowering/solvers.py ``Tracker.plain_loop``) against the loop it inlines: one
 :meth:`Tracker.record` per iteration and the watch asked whenever ``k ≥ watch.next``.  The
 eager loop runs iterations in *runs* (no bookkeeping per iteration, the watch asked on a run's
 last iterate, the difference ``f(z) − z`` not kept); whatever the rate, the scale, the cap, a
@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from lowering import solvers as S
 from lowering.solvers import Tracker, _AutoWatch
+
+F64 = torch.float64
 
 
 def _problem(seed: int, rate: float, scale: float, nan_at: int, linear: bool = False,
@@ -130,12 +132,11 @@ def test_a_late_watch_is_caught() -> None:
     assert not _same(new, ref)
 
 
-F64 = torch.float64
-
-
 def test_run_loop_records_the_exact_residual_of_an_infinite_plain_one() -> None:
-    """||fz|| = 0 at a nonzero iterate: the plain residual is +inf; the parent recorded the exact
-    (scaled) residual there, as record() does, the run appends inf."""
+    """||fz|| = 0 at a nonzero iterate: the plain residual is +inf; the run records the exact
+    (scaled) residual there, as ``record()`` does, so the history stays finite.
+
+    Pins: the run appended inf to the history."""
     t = torch.tensor([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]], dtype=F64)
     calls = [0]
 

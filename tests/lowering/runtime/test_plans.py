@@ -1,6 +1,8 @@
 """Evaluation plans (``lowering/plan.py``): ``T`` specialised to fixed inputs and weights must be
-``T`` — the same values, the same transpose Jacobian, the same gradients — and the solvers'
-cheap per-iteration residual must never decide a ``converged`` flag on its own."""
+``T`` — the same values, the same transpose Jacobian, the same gradients, also at a kink and for
+operators without weights — and each check is shown to fail on a broken plan.  The plan's fused
+forms (in-place activation on ``c + zM``, ``plus_fn``, Root's broadcast) compute what the unfused
+ones compute."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from lowering.backward import param_grads
 from lowering.plan import PlanContext, Root
 from tests.lowering.runtime.helpers import qp_module_64
 
-T64 = torch.float64
+T64 = F64 = torch.float64
 
 
 def _l1_layer() -> ce.Objective:
@@ -183,9 +185,7 @@ def test_second_backward_through_a_planned_layer() -> None:
     assert torch.allclose(mod.weights["W"].grad, 2 * g1, rtol=1e-12, atol=0)
 
 
-F64 = torch.float64
-
-
+# ------------------------------------------------------------------ plan against node tree
 #: plan vs node tree in float64: the two evaluate the same formulas in a different association
 #: order (a Gram matrix ``AᵀA z`` against ``Aᵀ(Az)``, a folded constant against a sum), a
 #: relative difference of a few ulps times the size (≤ 1e-14 for these n ≤ 32); 1e-10 leaves
@@ -346,7 +346,6 @@ def test_equivalence_check_catches_a_broken_plan(patch: tuple, case: str,
         _check(case, 0, 1.0)
 
 
-# ------------------------------------------------------------------ defects found in review
 def _kink_layer() -> Any:
     z, x = State("z", 3), Input("x", 3)
     u = Weight("U", (3, 3), np.eye(3))
@@ -358,8 +357,12 @@ def _kink_layer() -> Any:
 def test_hardtanh_kink_gradient_same_with_and_without_plan() -> None:
     """``z = hardtanh(x + z/4)`` at ``x = 0.75``: the pre-activation is exactly 1 (all values
     are dyadic, so exact in any BLAS).  The plan takes ``σ'(1) = 0`` in ``Jᵀ`` but autograd's
-    ``clamp'(1) = 1`` in ``∂T/∂x``: dz/dx = 1, which is neither one-sided derivative (0, 4/3)
-    nor the tree's 4/3.  Solves at 1e-12: gradients agree to ~1e-11; the miss is 1/3."""
+    ``clamp'(1) = 1`` in ``∂T/∂x`` would give dz/dx = 1, neither one-sided derivative
+    (0, 4/3): the planned and the unplanned gradient must agree.  Solves at 1e-12: gradients
+    agree to ~1e-11; the pinned miss is 1/3.
+
+    Pins: the plan mixed ``σ'(1) = 0`` and autograd's ``clamp'(1) = 1`` (dz/dx = 1 against the
+    tree's 4/3)."""
     grads = []
     for plannable in (True, False):
         m = _kink_layer().torch_module(dtype=F64, weight_control=None, tol=1e-12,
@@ -374,8 +377,8 @@ def test_hardtanh_kink_gradient_same_with_and_without_plan() -> None:
 @pytest.mark.parametrize("with_weight", [True, False], ids=["with-W", "no-weights"])
 def test_gram_term_of_a_parameter_free_operator(with_weight: bool) -> None:
     """``½||P z||²`` with a permutation ``P`` (no weight symbol): the plan's Gram matrix needs a
-    dtype and device without one.  Plan vs tree forward: both solve to 1e-12 with the same
-    iterates up to rounding; 1e-10 covers it."""
+    dtype and device without one (with and without another term that has a weight).  Plan vs
+    tree forward: both solve to 1e-12 with the same iterates up to rounding; 1e-10 covers it."""
     z, x = State("z", 6), Input("x", 6)
     terms = [Potential(ce.get_activation("tanh"), z), SqNorm(z), -Linear(x, z),
              -0.3 * SqNorm(ce.CyclicPermutation([3, 3]) @ z)]
@@ -393,15 +396,13 @@ def test_gram_term_of_a_parameter_free_operator(with_weight: bool) -> None:
 
 
 def test_fast_affine_sum_keeps_a_trained_coefficient_equal_to_one() -> None:
-    """``Sum([(1, Constant q), (c, Matrix M)])`` with ``c`` a trained scalar tensor: the fused
-    ``addmm`` path (``_affine_matrix_fast``) tests ``ca == 1.0 and cb == 1.0``, which a 0-d
-    tensor equal to 1 passes, and then evaluates ``q + zM`` without ``c``: the value is right
-    at ``c = 1`` but ``∂/∂c`` is lost (``param_grads`` returns None, i.e. zero, where the
-    true value is ``<v, zM>`` ≈ −5.6; at ``c = 0.999`` it is right).  A learnable scalar
-    declared 1.0 with ``low=0`` maps back to exactly 1.0 (softplus round trip).
+    """``Sum([(1, Constant q), (c, Matrix M)])`` with ``c`` a trained scalar tensor equal to 1
+    (a learnable scalar declared 1.0 with ``low=0`` maps back to exactly 1.0): ``∂/∂c`` from
+    ``param_grads`` is ``<v, zM>``.  Tolerance: ``<v, zM>`` of 3×4 float64 tensors, two
+    association orders, ~1e-15 relative; 1e-10 covers any BLAS.
 
-    Tolerance: ``<v, zM>`` of 3×4 float64 tensors, two association orders, ~1e-15 relative;
-    1e-10 covers any BLAS."""
+    Pins: the fused ``addmm`` path (``_affine_matrix_fast``) took the 0-d tensor ``c == 1`` for
+    the number 1 and dropped ``c``: ``∂/∂c`` came back None where ``<v, zM>`` ≈ −5.6."""
     g = torch.Generator().manual_seed(0)
     q, m, z, v = (torch.randn(*s, dtype=F64, generator=g) for s in [(3, 4), (4, 4), (3, 4),
                                                                      (3, 4)])
@@ -429,7 +430,7 @@ def test_first_order_backward_needs_no_value_from_the_linearisation() -> None:
     torch.testing.assert_close(jt2(v), jt(v), rtol=0, atol=0)
 
 
-# ---------------------------------------------------------------- in-place activation
+# ------------------------------------------------------------------ fused forms
 def _fused(c: torch.Tensor, m: torch.Tensor) -> pl.Sum:
     return pl.Sum([(1.0, pl.Constant(c)), (1.0, pl.Matrix(m))])
 
@@ -465,10 +466,9 @@ def test_in_place_activation_keeps_gradients() -> None:
         assert torch.equal(x, y)
 
 
-# ---------------------------------------------------------------- Root and plus_fn
-def test_root_still_broadcasts_a_batch_independent_value() -> None:
-    """PASSES on f54aeae (checked property).  Only the fused ``c + zM`` (and an elementwise map
-    of it) is batch-shaped; a plan whose value is ``(1, N)`` keeps Root's broadcast."""
+def test_root_broadcasts_a_batch_independent_value() -> None:
+    """Only the fused ``c + zM`` (and an elementwise map of it) is batch-shaped; a plan whose
+    value is ``(1, N)`` keeps Root's broadcast."""
     c = torch.randn(1, 5)
     root = pl.Root(pl.Elementwise(torch.relu, pl.Constant(c)))
     z = torch.zeros(4, 5)
@@ -482,7 +482,7 @@ def test_root_still_broadcasts_a_batch_independent_value() -> None:
 
 @pytest.mark.parametrize("b_shape", [(4, 5), (1, 5), (5,)])
 def test_plus_fn_equals_plus(b_shape: tuple[int, ...]) -> None:
-    """PASSES on f54aeae (checked property).  ``plus_fn(b)(v) == plus(v, b)`` for a matrix, a
+    """``plus_fn(b)(v) == plus(v, b)`` for a matrix, a
     diagonal-then-matrix, a nested diagonal, and a composition, with ``b`` batched, shared
     ``(1, N)`` or 1-D (the 1-D case takes the unfused fallback).  float64; the fused and the
     unfused forms are the same ``addmm`` or a product-then-add of the same numbers (≤ a few
@@ -503,19 +503,18 @@ def test_plus_fn_equals_plus(b_shape: tuple[int, ...]) -> None:
         assert torch.allclose(t.scaled_plus_fn(d2, b)(v), ref_s, rtol=1e-12, atol=1e-12)
 
 
-# ---------------------------------------------------------------- defect (introduced: 6329ad7)
 def test_in_place_activation_follows_an_overridden_sigma() -> None:
-    """Failed on f54aeae (defect introduced by 6329ad7; 7fa4d22 passed); ReLU now offers
-    ``torch.relu_`` (and ``torch.relu``) only where a subclass keeps its σ.  An activation derived
-    from ``ReLU`` that overrides ``sigma`` and ``torch_sigma`` (here ``min(max(t, 0), 1)``) but
-    not the new ``torch_sigma_`` inherits ``torch.relu_``: the planned ``T`` then applies a
-    plain ReLU on the fused ``c + zM`` — a different map, whose fixed point the solver reports
-    as converged.  The plan must evaluate the activation's own ``σ``."""
+    """An activation derived from ``ReLU`` that overrides ``sigma`` and ``torch_sigma`` (here
+    ``min(max(t, 0), 1)``) but not ``torch_sigma_``: the plan evaluates the activation's own
+    ``σ`` on the fused ``c + zM`` (ReLU offers ``torch.relu_`` only where a subclass keeps its σ).
+
+    Pins: the subclass inherited ``torch.relu_`` and the planned ``T`` applied a plain ReLU — a
+    different map, whose fixed point the solver reported as converged."""
     from convex_eq.activations.relu import ReLU
     from lowering.nodes import Sigma
 
     class ClippedReLU(ReLU):
-        name = "clipped_relu_review"
+        name = "clipped_relu_test"
 
         @property
         def torch_sigma(self):  # type: ignore[no-untyped-def]

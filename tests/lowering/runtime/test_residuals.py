@@ -1,8 +1,10 @@
-"""The per-call fixed cost after this round of cuts (lowering/solvers.py, plan.py, nodes.py,
-module.py): the stop confirmed by the plain norms themselves where they are provably exact
-enough, the first record on the lean path, the transpose Jacobian without the unused value,
-and per-node caches of what does not change between calls.  Each shortcut must decide what
-the slower form decided, and each test that guards one is shown to fail on a broken rule."""
+"""The solvers' residual and convergence flags (lowering/solvers.py ``Tracker``, docs/theory.md
+§8): the relative residual ``||f(z) − z|| / max(||f(z)||, 1e-30)``, a stop accepted on cheap
+plain norms only where they are provably exact enough (else recomputed exactly), the first
+record's scale check, the lean record of later iterations, and flags that never call a point
+converged whose exact residual misses ``tol`` — at float32 and float64 extremes, under
+flush-to-zero, with overflowing norms, and wherever the solve ends.  Each shortcut decides what
+the exact form decides, and each test that guards one is shown to fail on a broken rule."""
 
 from __future__ import annotations
 
@@ -17,9 +19,7 @@ from hypothesis import strategies as st
 
 import convex_eq as ce
 import lowering
-from convex_eq import (
-    models,
-)
+from convex_eq import models
 from lowering import solvers
 from lowering.solvers import (
     Tracker,
@@ -27,11 +27,16 @@ from lowering.solvers import (
     _scale_ok,
     exact_rel_residual,
     get_solver,
+    rel_residual,
     solve,
 )
 from tests.lowering.runtime.helpers import false_passes, one_diverging, shrinking
 
+T64 = torch.float64
+TOL = 1e-5
 
+
+# ------------------------------------------------------ a stop confirmed by the plain norms
 def _pair(n: int, scale: float, rho: float, dtype: torch.dtype, seed: int
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(z, fz)`` of one sample with ``||fz − z|| / ||fz|| ≈ rho`` and ``|fz| ~ scale``."""
@@ -191,6 +196,7 @@ def test_a_solve_one_float32_step_above_tol_is_not_converged() -> None:
     assert not bool(st.converged[0])
 
 
+# ------------------------------------------------------------------ the first record's scale check
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -289,7 +295,55 @@ def test_non_finite_first_image_goes_exact() -> None:
     assert _first_record_exact(fz, 1e-6) == _extreme_scale(fz, 1e-6)
 
 
-# ---------------------------------------------------------------- the lean record
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
+def test_scale_check_on_shapes_the_property_test_does_not_draw(dtype: torch.dtype) -> None:
+    """``_first_scale`` decides as ``_extreme_scale`` on states the property test above does not
+    draw: (B, C, H, W) and (B, 1) states (torch's
+    norm of a single entry is ``|x|`` itself, not a square root of a square), and samples whose
+    entries spread over many decades (the norm is the largest entry's, so the ``den/√N`` lower
+    bound is far from tight), scaled within two decades of either edge of the safe range.
+    Both are exact predicates on the same floats: no tolerance."""
+    g = torch.Generator().manual_seed(7)
+    checked = 0
+    for i in range(240):
+        tol = (1e-2, 1e-6, 1e-9)[i % 3]
+        lo, hi = _edges(dtype, tol)
+        shape = ((2, 1), (3, 2, 2, 2), (1, 3, 5), (2, 300))[i % 4]
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        spread = (0.0, 1.0, 4.0, 10.0)[(i // 4) % 4]
+        x = x * 10.0 ** (spread * torch.randn(shape, generator=g, dtype=torch.float64))
+        for b in range(shape[0]):
+            edge = (lo, hi, 1.0)[(i + b) % 3]
+            u = float(torch.rand((), generator=g, dtype=torch.float64)) * 4 - 2
+            x[b] = x[b] / x[b].abs().max() * edge * 10.0 ** u
+        fz = x.to(dtype)
+        if not bool(torch.isfinite(fz).all()):
+            continue
+        checked += 1
+        assert _first_record_exact(fz, tol) == _extreme_scale(fz, tol), (shape, tol)
+    # float16 cannot hold the upper edge (1.8e16 > 65504): a third of its draws overflow
+    assert checked >= 60
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_an_ordinary_half_precision_state_is_not_measured_exactly(dtype: torch.dtype) -> None:
+    """Half-precision norms accumulate in float32 (squares of entries ≤ 65504 cannot overflow
+    there), but the scale check judges a float16 state by float16's own range: its window
+    ``[10·sqrt(tiny)/tol, sqrt(max)/1e3] = [7.8e4, 0.26]`` would be empty, and every float16
+    solve — entries of order 1 included — would measure every residual exactly: an ordinary
+    float16 state is judged by float32's range.  bfloat16 (float32's range) is the control.
+    No tolerance: the mode is a flag.
+
+    Pins: float16 states were judged by float16's range (every residual measured exactly, a
+    solve several times slower)."""
+    z0 = torch.zeros(4, 8, dtype=dtype)
+    fz = (torch.linspace(-2.0, 2.0, 32).reshape(4, 8) + 0.5).to(dtype)
+    tr = Tracker("plain", z0, 1e-3)
+    tr.record(z0, fz)
+    assert not tr._exact
+
+
+# ------------------------------------------------------------------ the lean record
 @pytest.mark.parametrize("solver", ["plain", "auto", "anderson"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_lean_record_keeps_the_general_records_history(
@@ -341,47 +395,12 @@ def test_lean_record_hands_a_non_finite_iterate_to_the_general_path() -> None:
     assert st.converged.tolist() == [True, False, True]
 
 
-TOL = 1e-5
-
-
-# ---------------------------------------------------------------- first-record scale check
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
-def test_scale_check_on_shapes_the_property_test_does_not_draw(dtype: torch.dtype) -> None:
-    """PASSES on f54aeae (checked property).  ``_first_scale`` decides as ``_extreme_scale`` on
-    states tests/test_hot_path.py does not generate: (B, C, H, W) and (B, 1) states (torch's
-    norm of a single entry is ``|x|`` itself, not a square root of a square), and samples whose
-    entries spread over many decades (the norm is the largest entry's, so the ``den/√N`` lower
-    bound is far from tight), scaled within two decades of either edge of the safe range.
-    Both are exact predicates on the same floats: no tolerance."""
-    g = torch.Generator().manual_seed(7)
-    checked = 0
-    for i in range(240):
-        tol = (1e-2, 1e-6, 1e-9)[i % 3]
-        lo, hi = _edges(dtype, tol)
-        shape = ((2, 1), (3, 2, 2, 2), (1, 3, 5), (2, 300))[i % 4]
-        x = torch.randn(shape, generator=g, dtype=torch.float64)
-        spread = (0.0, 1.0, 4.0, 10.0)[(i // 4) % 4]
-        x = x * 10.0 ** (spread * torch.randn(shape, generator=g, dtype=torch.float64))
-        for b in range(shape[0]):
-            edge = (lo, hi, 1.0)[(i + b) % 3]
-            u = float(torch.rand((), generator=g, dtype=torch.float64)) * 4 - 2
-            x[b] = x[b] / x[b].abs().max() * edge * 10.0 ** u
-        fz = x.to(dtype)
-        if not bool(torch.isfinite(fz).all()):
-            continue
-        checked += 1
-        assert _first_record_exact(fz, tol) == _extreme_scale(fz, tol), (shape, tol)
-    # float16 cannot hold the upper edge (1.8e16 > 65504): a third of its draws overflow
-    assert checked >= 60
-
-
-# ---------------------------------------------------------------- lean record
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("solver", ["plain", "auto", "anderson"])
 @pytest.mark.parametrize("shape", [(1, 6), (4, 6), (3, 2, 2, 2)])
 def test_lean_record_flags_rest_on_exact_residuals_when_scales_change_mid_solve(
         dtype: torch.dtype, solver: str, shape: tuple[int, ...]) -> None:
-    """PASSES on f54aeae (checked property).  Iterates start at 1 and shrink towards a fixed
+    """Iterates start at 1 and shrink towards a fixed
     point of size 1e-18 in sample 0 (its difference's squares underflow in float32 late in the
     solve, when the lean path measures it) while the others stay O(1): every sample flagged
     converged meets tol by an exact residual of the returned point, the warm start is left
@@ -405,6 +424,7 @@ def test_lean_record_flags_rest_on_exact_residuals_when_scales_change_mid_solve(
     assert torch.equal(z0, z0c) and z.data_ptr() != z0.data_ptr()
 
 
+# ------------------------------------------------------------------ no false convergence
 @pytest.mark.parametrize("f, z0", [(shrinking, torch.ones(2, 8)),
                                    (one_diverging, torch.zeros(2, 8))],
                          ids=["warm-start-to-tiny-scale", "one-diverging-sample"])
@@ -416,15 +436,17 @@ def test_a_false_zero_reached_after_the_first_image_leaves_no_trace_in_the_histo
     differences' squares underflow and the plain residual reads 0 where the exact one is
     ~1.3e-4.  (b) A batch in which one sample diverges (``2z + 1``, the other converges): near
     ``|f(z)| ≈ 7e18`` ``||f(z)||²`` overflows while ``||f(z) − z||²`` does not, and that sample
-    reads 0 where its residual is 0.5.  The stop is confirmed exactly (the solve goes on), but
-    the 0 stays in ``SolverStats.residuals``, and in (a) ``iterations`` reports the samples as
-    meeting ``tol`` there (75) instead of at the iterate that does (83): statistics of another
-    point (and in (b) a best-iterate replay of the whole solve aimed at the false 0).
+    reads 0 where its residual is 0.5.  The stop is confirmed exactly (the solve goes on), no
+    recorded residual at or below ``tol`` belongs to an iterate that misses it, and in (a)
+    ``iterations`` counts to the iterate that meets ``tol`` (83).
 
     Tolerances: every operation is an elementwise float32 ``a·z + c`` (no reduction, no BLAS:
     the same bits on every CPU); the recomputed exact residuals are float64 norms of float32
     vectors (exact to ~1e-16 relative); the false entries are 0 against a true ≥ 1e-4, the
-    ``1.001·tol`` margin only absorbs float64 rounding."""
+    ``1.001·tol`` margin only absorbs float64 rounding.
+
+    Pins: the false 0 stayed in ``SolverStats.residuals``: in (a) ``iterations`` said 75, and
+    in (b) a best-iterate replay of the whole solve aimed at the false 0."""
     tol = 1e-6
     _, st = solve(f, z0, "plain", tol=tol, max_iter=100)
     false_pass = false_passes(f, z0, st, tol)
@@ -434,22 +456,6 @@ def test_a_false_zero_reached_after_the_first_image_leaves_no_trace_in_the_histo
         assert st.iterations.tolist() == [st.residuals.shape[1]] * 2
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_an_ordinary_half_precision_state_is_not_measured_exactly(dtype: torch.dtype) -> None:
-    """Half-precision norms accumulate in float32 (squares of entries ≤ 65504 cannot overflow
-    there), but the scale check judges a float16 state by float16's own range: its window
-    ``[10·sqrt(tiny)/tol, sqrt(max)/1e3] = [7.8e4, 0.26]`` is empty, so every float16 solve —
-    entries of order 1 included — measures every residual exactly (measured 2.9× slower per
-    solve at B = 8, N = 4: 0.46 → 1.31 ms).  bfloat16 (float32's range) is the control.
-    No tolerance: the mode is a flag."""
-    z0 = torch.zeros(4, 8, dtype=dtype)
-    fz = (torch.linspace(-2.0, 2.0, 32).reshape(4, 8) + 0.5).to(dtype)
-    tr = Tracker("plain", z0, 1e-3)
-    tr.record(z0, fz)
-    assert not tr._exact
-
-
-# ------------------------------------------------------------------ 3. flush-denormal mode
 def _ftz_case() -> tuple[torch.Tensor, torch.Tensor, float]:
     """One float32 sample near the low end of the plain-norm range whose difference has eight
     entries just below ``√tiny`` (their squares are subnormal, flushed to 0 in FTZ mode: the
@@ -471,9 +477,12 @@ def _ftz_case() -> tuple[torch.Tensor, torch.Tensor, float]:
 
 
 def test_flush_denormal_does_not_let_a_plain_stop_pass_above_tol() -> None:
-    """The stop is accepted only if the float64 residual of the very float32 vectors meets
-    ``tol`` (float64 squares of these entries are far from under- or overflow; no tolerance
-    is involved: the flag must agree with the exact residual's side of ``tol``)."""
+    """With ``torch.set_flush_denormal(True)`` the stop is accepted only if the float64
+    residual of the very float32 vectors meets ``tol`` (float64 squares of these entries are far
+    from under- or overflow; no tolerance is involved: the flag must agree with the exact
+    residual's side of ``tol``).
+
+    Pins: flushed squares below ``tiny`` let a stop pass on its plain residual above ``tol``."""
     z, fz, tol = _ftz_case()
     d = (fz - z).double()
     exact = float(d.norm() / fz.double().norm())
@@ -491,10 +500,11 @@ def test_flush_denormal_does_not_let_a_plain_stop_pass_above_tol() -> None:
     assert float(st.final_residual[0]) > tol
 
 
-# ------------------------------------------------------------------ 4. the 1e-30 floor
 def test_a_plain_stop_reports_the_floored_residual() -> None:
     """float64 state at ~1e-40: ``||d|| / max(||fz||, 1e-30)`` is the documented residual;
-    the reported one must be it (float64 rounding: 1e-12 relative is ~10⁴ ulps)."""
+    the reported one must be it (float64 rounding: 1e-12 relative is ~10⁴ ulps).
+
+    Pins: a stop accepted on its plain residual reported ``||d|| / ||fz||``."""
     fz = torch.full((1, 4), 1e-40, dtype=torch.float64)
     z = fz * (1 - 1e-8)
     tr = Tracker("t", z, 1e-6)
@@ -529,7 +539,6 @@ def test_refused_stop_leaves_a_consistent_tracker(solver: str, max_iter: int) ->
     assert st.residuals.shape[1] <= max_iter
 
 
-# ----------------------------------------------------------------------------- the tracker
 @pytest.mark.parametrize("scale", [1e20, 1e30, 1e-22, 1e-25])
 def test_float32_extreme_scales_never_converge_falsely(scale: float) -> None:
     """float32 iterates with entries ~``scale`` and a true relative residual of 1e-3: plain
@@ -563,14 +572,9 @@ def test_a_false_plain_convergence_is_confirmed_away() -> None:
     assert float((z - target).abs().max() / 1e20) < 1e-5
 
 
-T64 = torch.float64
-
-
 def test_overflowing_iterate_norm_is_not_zero():
-    """Components of 1e200 (float64): the unscaled ||·||² overflows to inf and x/inf = 0 used to
-    read as 'converged'."""
-    from lowering.solvers import rel_residual
-
+    """Components of 1e200 (float64): the unscaled ||·||² overflows to inf; the residual is
+    still 0.5, not ``x/inf = 0`` (which would read as converged)."""
     fz = torch.full((1, 10), 1e200, dtype=T64)
     z = fz * 0.5
     r = rel_residual(fz, z)
@@ -582,8 +586,6 @@ def test_tracker_never_converges_on_an_overflowing_norm(scale):
     """The solvers' fast residual (plain float64 norms) must hand an overflowing ||f(z)|| to the
     scaled form: f(z) with entries ~scale and ||f(z) − z|| / ||f(z)|| = 1e-3 is not converged at
     tol 1e-6, whichever of the two norms overflows."""
-    from lowering.solvers import Tracker
-
     fz = torch.full((2, 50), scale, dtype=T64)
     z = fz.clone()
     z[:, 0] -= 1e-3 * scale * np.sqrt(50)  # relative residual 1e-3
@@ -593,13 +595,11 @@ def test_tracker_never_converges_on_an_overflowing_norm(scale):
     assert not bool(st.converged.any())
     assert torch.allclose(st.final_residual, torch.full((2,), 1e-3, dtype=T64), rtol=1e-9)
 
-
-# ----------------------------------------------------------------- lowering/solvers.py
 def test_float32_residual_norm_does_not_overflow_into_false_convergence() -> None:
-    """At |x| ~ 1e20 a float32 ``||·||`` overflowed to inf and ``r/inf = 0`` reported a wrong
-    iterate (67 % off) as converged (found by the thorough fuzz)."""
-    from lowering.solvers import rel_residual
+    """At |x| ~ 1e20 the float32 residual is still 1e-3 (float32 ``||·||`` would overflow),
+    and a module whose iterates sit there raises rather than reporting convergence.
 
+    Pins: ``r/inf = 0`` reported a wrong iterate (67 % off) as converged."""
     fz = torch.tensor([[3e19, -4e19, 2e20]])
     r = rel_residual(fz, fz * (1 + 1e-3))
     assert r.dtype == torch.float32 and abs(float(r) - 1e-3) < 1e-6  # float32 rounding of 1e-3

@@ -1,6 +1,7 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""SAM (lowering/sam.py, Theorem 5 of docs/theory.md): the module with ``sam=`` selects the
+minimiser of ``R`` over the layer's fixed points (against the closed form), stops by its own
+``SAMConfig`` options and refuses the forward solve's, names them in its failures, and handles a
+batch with no sample left."""
 
 from __future__ import annotations
 
@@ -13,16 +14,12 @@ import torch
 import convex_eq as ce
 import lowering
 from convex_eq import models
-from convex_eq.errors import (
-    ConvergenceError,
-    ConvergenceWarning,
-    OptionError,
-)
+from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
+from convex_eq.models import opteq
 
-T64 = torch.float64
+T64 = F64 = torch.float64
 
 
-# ------------------------------------------------------------------ 6. SAM
 def test_sam_selects_argmin_of_r_on_a_subspace_of_fixed_points() -> None:
     n = 6
     g = np.random.default_rng(0)
@@ -58,22 +55,16 @@ def test_sam_selects_argmin_of_r_on_a_subspace_of_fixed_points() -> None:
     assert np.linalg.norm(zp2 - ref) / np.linalg.norm(ref) > 10 * err
 
 
-F64 = torch.float64
-
-
-# 5. With ``sam=`` the SAM iteration stops by ``SAMConfig.tol``/``max_iter`` (defaults 1e-2 and
-#    5000): a ``tol=1e-8`` passed next to it was silently ignored (``module.tol`` read 1e-8, the
-#    flags said "converged" at a residual of 1e-2), and a failure's hint said "raise max_iter
-#    (now 100)", an option SAM does not read.
 def _sam_layer():
-    from convex_eq.models import opteq
-
     return lowering.lower(opteq(n=4, m=4, d=2, seed=0))
 
 
 def test_sam_refuses_forward_solve_options() -> None:
-    import convex_eq as ce
+    """The SAM iteration stops by ``SAMConfig.tol`` / ``max_iter``: ``tol``, ``max_iter`` and
+    ``solver`` next to ``sam=`` are refused, naming ``SAMConfig``; the adjoint's options stay.
 
+    Pins: ``tol=1e-8`` next to ``sam=`` was silently ignored (``module.tol`` read 1e-8, the
+    flags said "converged" at a residual of 1e-2)."""
     d = _sam_layer()
     cfg = lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]))
     for opts in ({"tol": 1e-8}, {"max_iter": 50}, {"solver": "anderson"}):
@@ -83,8 +74,9 @@ def test_sam_refuses_forward_solve_options() -> None:
 
 
 def test_sam_failure_hint_names_sam_options() -> None:
-    import convex_eq as ce
+    """A SAM iteration that fails names ``SAMConfig.max_iter`` in its hint, not ``max_iter``.
 
+    Pins: the hint said "raise max_iter", an option SAM does not read."""
     d = _sam_layer()
     m = d.torch_module(sam=lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]), tol=1e-12, max_iter=3),
                        dtype=F64)
@@ -96,9 +88,10 @@ def test_sam_failure_hint_names_sam_options() -> None:
 
 @pytest.mark.parametrize("case", ["empty", "all_nan_inputs"])
 def test_sam_over_no_sample(case: str) -> None:
-    """The same for the SAM iteration (its own tracker crashed on zero samples)."""
-    import convex_eq as ce
+    """A SAM layer in mask mode with no sample left (an empty batch, every input NaN): NaN
+    outputs, no sample converged, and a backward with zero input gradients.
 
+    Pins: the SAM iteration's tracker crashed on zero samples."""
     d = _sam_layer()
     m = d.torch_module(sam=lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]), max_iter=50),
                        dtype=F64, on_nonconvergence="mask")
@@ -114,8 +107,7 @@ def test_sam_over_no_sample(case: str) -> None:
 
 
 def test_sam_with_unroll_is_refused():
-    import convex_eq as ce
-
+    """SAM with ``backward='unroll'`` is refused with a typed error naming the combination."""
     d = lowering.lower(models.opteq(n=4, m=4, d=2, seed=0))
     cfg = lowering.SAMConfig(R=ce.SqNorm(d.blocks[0]))
     with pytest.raises(OptionError, match="SAM with backward='unroll'"):

@@ -1,6 +1,9 @@
-"""The emitted module as a training component: exact gradients (first and second order),
-certificates that hold at every optimizer step, honest convergence flags, per-sample failures,
-and the ordinary PyTorch protocols (pickle, state_dict, dtypes)."""
+"""Second- and higher-order gradients through the emitted module (lowering/backward.py): the
+implicit backward's second order (``create_graph=True``) against gradgradcheck, central
+differences and the unrolled iteration, for dense, monotone-operator (splitting), convolutional
+and saddle layers; third order refused on the implicit path and exact through ``unroll``; second
+order through weight control exact where it can be, refused where it cannot; masked adjoint rows
+stay constants."""
 
 from __future__ import annotations
 
@@ -9,26 +12,18 @@ import warnings
 import pytest
 import torch
 
-from convex_eq import (
-    L1,
-    Dense,
-    Input,
-    Linear,
-    Potential,
-    SqNorm,
-    State,
-    Weight,
-    models,
-)
-from convex_eq.errors import (
-    OptionError,
-)
+from convex_eq import L1, Dense, Input, Linear, Potential, SqNorm, State, Weight, models
+from convex_eq.errors import OptionError
 from convex_eq.inclusion import Saddle
 from lowering import lower
 from lowering.backward import AdjointConfig, FixedPointProblem, _AdjointSolve
 from tests.lowering.runtime.helpers import controlled_layer, gen, qp_module, small_dense
 
-T64 = torch.float64
+T64 = F64 = torch.float64
+SPLITTINGS = ("forward-backward", "peaceman-rachford", "douglas-rachford")
+# float64, forward and adjoint solves at 1e-13 (Anderson converges in tens of iterations on
+# these margin-0.5 layers)
+TIGHT = dict(dtype=T64, solver="anderson", tol=1e-13, max_iter=5000, backward_tol=1e-13)
 
 
 @pytest.mark.parametrize("backward", ["implicit", "unroll"])
@@ -66,8 +61,10 @@ def _call_with_w(m, x, W):
 
 
 def test_double_backward_is_not_zero_and_matches_unrolled():
-    """The reported bug: grad(grad(...)) through the implicit backward was silently 0.  A
-    gradient penalty's gradient now equals the one of a long unrolled (contractive) iteration."""
+    """A gradient penalty's gradient through the implicit backward equals the one of a long
+    unrolled (contractive) iteration, and is not zero.
+
+    Pins: grad(grad(...)) through the implicit backward was silently 0."""
     d = small_dense(seed=3)
     outs = {}
     for mode, kw in (("implicit", {"backward_tol": 1e-13}), ("unroll", {"unroll_steps": 200})):
@@ -84,10 +81,11 @@ def test_double_backward_is_not_zero_and_matches_unrolled():
     assert torch.allclose(outs["implicit"], outs["unroll"], rtol=1e-8, atol=1e-10)
 
 
-def test_second_order_still_differentiates_the_adjoint() -> None:
+def test_second_order_differentiates_the_adjoint() -> None:
     """``create_graph=True`` takes the second-order path (not the plan's linearisation):
     the gradient of a gradient penalty is not zero and matches central differences of the
-    first-order gradient (float64, tol 1e-13; h = 1e-5 as above)."""
+    first-order gradient (float64, tol 1e-13, so the solves' own error, ~1e-13, is far below
+    the differences' truncation error h² = 1e-10 and round-off 1e-16/h = 1e-11)."""
     mod = qp_module(m=16, tol=1e-13, backward_tol=1e-13, max_iter=2000, backward_max_iter=2000)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 64, generator=g, dtype=torch.float64, requires_grad=True)
@@ -106,14 +104,7 @@ def test_second_order_still_differentiates_the_adjoint() -> None:
     assert abs(float(fd) - float(hx[1, 5])) <= 1e-6 * max(1.0, abs(float(fd)))
 
 
-SPLITTINGS = ("forward-backward", "peaceman-rachford", "douglas-rachford")
-
-
-# float64, forward and adjoint solves at 1e-13 (Anderson converges in tens of iterations on
-# these margin-0.5 layers)
-TIGHT = dict(dtype=T64, solver="anderson", tol=1e-13, max_iter=5000, backward_tol=1e-13)
-
-
+# ------------------------------------------------------------------ monotone-operator layers
 def _with_weight(m: torch.nn.Module, x: torch.Tensor, name: str, w: torch.Tensor) -> torch.Tensor:
     """The module with weight ``name`` replaced by the (differentiable) tensor ``w``."""
     return torch.func.functional_call(m, {f"weights.{name}": w}, (x,))
@@ -148,10 +139,14 @@ def _hvp_and_fd(m: torch.nn.Module, x: torch.Tensor, name: str) -> tuple[torch.T
 
 @pytest.mark.parametrize("splitting", SPLITTINGS)
 def test_mon_implicit_gradgradcheck(splitting: str) -> None:
-    """The reported failure: gradgradcheck through a MON layer (inputs and A), every splitting.
-    float64 with solves at 1e-13: eps = 1e-6 differences carry O(eps²) truncation and
-    ~1e-13/eps = 1e-7 solve noise on O(1)–O(10) entries, far inside atol 1e-6 + rtol 1e-3 (the
-    settings of the dense-layer gradgradcheck in test_training), on any BLAS."""
+    """gradgradcheck through a MON layer (inputs and A), every splitting.  float64 with solves
+    at 1e-13: eps = 1e-6 differences carry O(eps²) truncation and ~1e-13/eps = 1e-7 solve noise
+    on O(1)–O(10) entries, far inside atol 1e-6 + rtol 1e-3 (the settings of the dense-layer
+    gradgradcheck above), on any BLAS.
+
+    Pins: the second-order path takes ``(∂T/∂θ)ᵀg`` by ``torch.func.vjp`` over the weights, and
+    the splitting's step sizes were computed there with ``.numpy()`` from functorch wrappers:
+    an untyped "Cannot access data pointer of Tensor that doesn't have storage"."""
     m = lower(models.mon(n=4, d=2, seed=1, splitting=splitting)).torch_module(**TIGHT)
     x = torch.randn(2, 2, dtype=T64, generator=gen(0), requires_grad=True)
     a = m.weights["A"]
@@ -176,9 +171,10 @@ def test_mon_hessian_vector_product_matches_finite_differences(splitting: str) -
 
 
 def test_conv_mon_and_saddle_second_order() -> None:
-    """Same root cause in the conv MON layer (Peaceman–Rachford's cached LU of I + αM is
-    re-factorised under autograd) and in the Chambolle–Pock saddle layer (τ, σ from ||K||₂).
-    Tolerance as above: measured ~5e-9 relative against a bound of 1e-6."""
+    """The conv MON layer (Peaceman–Rachford's cached LU of I + αM is re-factorised under
+    autograd) and the Chambolle–Pock saddle layer (τ, σ from ||K||₂): Hessian-vector products
+    against central differences.  Tolerance as above: measured ~5e-9 relative against a bound
+    of 1e-6."""
     m = lower(models.mon(conv=(2, 3), image=(1, 6))).torch_module(**TIGHT)
     x = torch.randn(2, 1, 6, dtype=T64, generator=gen(0))
     hvp, fd = _hvp_and_fd(m, x, "A")
@@ -212,12 +208,7 @@ def test_step_cache_unaffected_by_second_order() -> None:
     assert torch.equal(before, after)
 
 
-# ---------------------------------------------------------------------------- third order
-# The implicit backward's second-order (tangent) solve was ``@once_differentiable``, which ties
-# its outputs only to the incoming gradient: their dependence on (z*, g, θ) was dropped and a
-# third derivative came out silently wrong (this MON layer: 1558.5 against 4657.6 by central
-# differences; the dense OptEq layer of test_training: -0.281 against -0.504).  It is now a
-# typed refusal at the third backward; backward="unroll" gives third derivatives.
+# ------------------------------------------------------------------ third order
 def _third(m: torch.nn.Module, x0: torch.Tensor, d: torch.Tensor) -> tuple[float, float]:
     """``∇³ℓ[d, d, ·]·d`` by autograd and by central differences of the second-order autograd
     ``∇_x ||∇_x ℓ||²`` (h = 1e-5), ``ℓ = Σ z*(x)³``."""
@@ -236,6 +227,12 @@ def _third(m: torch.nn.Module, x0: torch.Tensor, d: torch.Tensor) -> tuple[float
 
 
 def test_third_order_through_implicit_is_a_typed_refusal() -> None:
+    """The implicit backward's tangent solve ties its outputs to the incoming gradient only, so
+    a third backward is refused with a typed error pointing to ``backward='unroll'``; asking
+    ``create_graph=True`` without a third backward still gives the exact second order.
+
+    Pins: a third derivative came out silently wrong (this MON layer: 1558.5 against 4657.6
+    by central differences)."""
     m = lower(models.mon(n=4, d=2, seed=1)).torch_module(**TIGHT)
     x0 = torch.randn(2, 2, dtype=T64, generator=gen(0))
     with pytest.raises(OptionError, match="third- and higher-order") as err:
@@ -266,9 +263,7 @@ def test_third_order_through_unroll_matches_finite_differences() -> None:
     assert abs(ad - fd) <= 1e-6 * abs(fd)
 
 
-F64 = torch.float64
-
-
+# ------------------------------------------------------------------ through weight control
 def _directional_fd(fn, p: torch.Tensor, d: torch.Tensor, h: float = 1e-5) -> torch.Tensor:
     with torch.no_grad():
         p += h * d
@@ -282,11 +277,16 @@ def _directional_fd(fn, p: torch.Tensor, d: torch.Tensor, h: float = 1e-5) -> to
 
 
 def test_hessian_through_active_weight_control_is_refused() -> None:
+    """Weight control's norm ``σ = uᵀAv`` holds the singular pair fixed: exact in value and
+    first derivative, not in a second derivative w.r.t. a rescaled weight, which is refused
+    while the rescaling is active; first order is unaffected.
+
+    Pins: a Hessian-vector product w.r.t. W came out 4 % off, silently."""
     m, x, c = controlled_layer(1.3)  # ||W||₂ = 1.3 > 1: the layer uses W·0.99/1.3
     w = m.weights["W"]
     with pytest.raises(OptionError, match="second-order gradients through the weight control"):
         (g,) = torch.autograd.grad((m(x) * c).sum(), w, create_graph=True)
-        torch.autograd.grad(g.sum(), w)  # (before: a Hessian 4 % off, silently)
+        torch.autograd.grad(g.sum(), w)
     (g1,) = torch.autograd.grad((m(x) * c).sum(), w)  # first order: unaffected
     assert torch.isfinite(g1).all()
 
@@ -324,14 +324,16 @@ def test_second_order_that_is_exact_still_runs(norm: float) -> None:
 def test_second_order_of_a_masked_adjoint_row_is_zero() -> None:
     """Under on_nonconvergence='mask' the adjoint solve ``g = Jᵀg + v`` returns zero rows for
     the samples whose solve failed: those rows are constants, so the second-order backward
-    must give them a zero derivative.  It gave them the tangent solution ``(I − J)⁻¹u``
-    instead (the tangent solve masked only its own failures), so a double backward (a
-    gradient penalty) received a gradient through rows that had left the gradient.
+    gives them a zero derivative, and the converged sample its tangent solution.
 
     ``T(z) = Wz`` with ``W = [[0.1, 0], [1, 0.95]]``: sample 0's ``v`` is the eigenvector of
     ``Wᵀ`` for 0.95 (the 20 plain iterations leave a relative residual ~1e-2 ≫ 1e-10: it
     fails), sample 1's is that for 0.1 (converges); both tangents ``u`` are the eigenvector of
-    ``W`` for 0.1 (converge)."""
+    ``W`` for 0.1 (converge).
+
+    Pins: the failed rows got the tangent solution ``(I − J)⁻¹u`` (the tangent solve masked
+    only its own failures): a gradient penalty received a gradient through rows that had left
+    the gradient."""
     w = torch.tensor([[0.1, 0.0], [1.0, 0.95]], dtype=F64, requires_grad=True)
     cfg = AdjointConfig("plain", 1e-10, 20, "mask", "iterative", True)
     problem = FixedPointProblem(lambda z, ts: z @ ts[0].T, [w], cfg, lambda st: None)

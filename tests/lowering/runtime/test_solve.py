@@ -1,8 +1,6 @@
-"""The per-call path after the cuts of this round (lowering/solvers.py, module.py, backward.py,
-plan.py, nodes.py): the cheap gradient switch, the plan linearised at an alias of the output,
-the Gram matrix applied without a transpose, ``auto``'s inline prediction, and the
-benchmark's hand-loop stop test.  Each shortcut must give what the slower form gave; the tests
-that guard one are shown to fail on a broken rule (``test_*_mutation``)."""
+"""The solve entry (lowering/solvers.py ``solve`` and the registry's solvers): the gradient switch
+around the iterations (``grad_off``) and a zero tolerance.  The test that guards the switch is
+shown to fail on a broken one (``test_grad_off_mutation``)."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ from lowering import solvers
 from lowering.solvers import grad_off, solve
 
 
-# ------------------------------------------------------------------------- grad_off
 @pytest.mark.parametrize("start", [True, False])
 def test_grad_off_switches_off_and_restores(start: bool) -> None:
     """Inside: gradients off; after: the mode it found, also when the body raises; a region
@@ -49,10 +46,12 @@ def test_grad_off_mutation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("solver", ["plain", "anderson", "broyden"])
-def test_tol_zero_runs_max_iter_as_before(solver: str) -> None:
-    """``solve(..., tol=0)`` (no stop on the residual: ``max_iter`` iterations, or an exact
-    fixed point) ran before 38cf7a1; the first-image scale check divides by ``tol`` and raises
-    a bare ZeroDivisionError.  Exact comparisons: iteration counts."""
+def test_tol_zero_runs_max_iter(solver: str) -> None:
+    """``solve(..., tol=0)``: no stop on the residual, ``max_iter`` iterations (or fewer at an
+    exact fixed point).  Exact comparisons: iteration counts.
+
+    Pins: the first-image scale check divided by ``tol`` and raised a bare
+    ZeroDivisionError."""
     z, st = solve(lambda z: 0.5 * torch.tanh(z) + 1.0, torch.zeros(2, 3), solver, tol=0.0,
                   max_iter=5)
     assert z.shape == (2, 3) and 1 <= st.residuals.shape[1] <= 5

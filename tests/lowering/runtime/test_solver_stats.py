@@ -1,15 +1,6 @@
-"""Adversarial review of the eager plain loop (``Tracker.plain_loop``), the solver flags made
-on first read, ``compile_disabled``'s nested calls and the boxed equilibrium.
-
-1. ``SolverStats`` pickled before its lazily made flags (``converged``, ``nonfinite``) were
-   read carries neither: a reader without the new ``__getattr__`` (the previous release, or
-   anything reading the pickled state itself) finds no ``converged`` and a ``nonfinite`` of
-   None, so ``failed_indices``/``str`` raise and ``final_residual`` fails.  The state pickled
-   must hold the flags.
-2. (pins, passing) every way out of the inlined plain loop leaves the tracker describing the
-   returned iterate: a stop refused by its exact residual (extreme scale) at any iteration,
-   ``auto``'s switch at the last iteration.
-"""
+"""Solver statistics (lowering/solvers.py ``SolverStats``): flags computed on the unrounded
+tolerance, and pickles that hold what a reader of the pickled state needs, also pickles of the
+layout with the history in the field ``residuals``."""
 
 from __future__ import annotations
 
@@ -33,23 +24,27 @@ def _solve(solver: str = "plain", max_iter: int = 100):
 @pytest.mark.parametrize("max_iter", [100, 3])
 def test_pickled_stats_hold_their_flags(max_iter: int) -> None:
     """The pickled state of fresh statistics (no flag read yet) holds ``converged`` and
-    ``nonfinite`` as tensors equal to what the object reports (booleans: exact)."""
+    ``nonfinite`` as tensors equal to what the object reports (booleans: exact).
+
+    Pins: flags made lazily on first read were missing from the pickled state, so a reader of
+    that state found no ``converged`` and a ``nonfinite`` of None."""
     _, st = _solve(max_iter=max_iter)
     state = pickle.loads(pickle.dumps(st)).__dict__  # what any reader of the pickle gets
-    # (an older SolverStats without __getattr__ reads exactly these attributes)
+    # (a reader without SolverStats.__getattr__ reads exactly these attributes)
     assert isinstance(state.get("converged"), torch.Tensor)
     assert isinstance(state.get("nonfinite"), torch.Tensor)
     assert torch.equal(state["converged"], st.converged)
     assert torch.equal(state["nonfinite"], st.nonfinite)
 
 
-def test_stats_pickled_before_the_lazy_history_still_read() -> None:
-    """``SolverStats`` held its history in the field ``residuals``; it is now ``residuals_``
-    behind a property.  A module pickled by the previous version carries ``last_stats`` with
-    the old field: reading ``last_stats.residuals`` (or ``str``, ``iterations``) after loading
-    raised AttributeError.  The old pickle is reproduced exactly: the same class with the old
-    instance dictionary (pickle stores the class name and ``__dict__``).  Exact comparisons:
-    the tensors are pickled bit for bit."""
+def test_stats_pickled_with_the_history_in_the_residuals_field_still_read() -> None:
+    """Statistics pickled with their history in the field ``residuals`` (it lives in
+    ``residuals_`` behind a property) read as the original: ``residuals``, ``iterations`` and
+    ``str``.  Such a pickle is reproduced exactly: the same class with that instance dictionary
+    (pickle stores the class name and ``__dict__``).  Exact comparisons: the tensors are pickled
+    bit for bit.
+
+    Pins: reading ``last_stats.residuals`` of such a pickle raised AttributeError."""
     _, st = solve(lambda z: 0.5 * z + 1.0, torch.zeros(2, 3, dtype=torch.float64), "plain",
                   tol=1e-6, max_iter=100)
     old = SolverStats.__new__(SolverStats)

@@ -1,9 +1,10 @@
-"""Compiled chunks of plain iterations (``lowering.solvers.CompiledSteps``), what an emitted
-module runs inside ``torch.compile``: the same iterates and the same stop as the eager loop,
-every claim of convergence confirmed exactly, and the module's compiled path equal to its
-eager one.
+"""The emitted module under ``torch.compile``: its solves run in compiled chunks (tested on their
+own in tests/lowering/runtime/test_compiled_steps.py) and give the eager module's outputs and
+gradients; a compiled module still pickles; without a C++ compiler the chunks fall back to eager
+steps and say so; the module's compile-disabled regions stay untraced inside a user's compiled
+function.
 
-All in float64 on tiny states (each compiled chunk costs a few seconds of compiling once)."""
+Float64 on tiny states (each compiled chunk costs a few seconds of compiling once)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import torch
 from tests.lowering.helpers import close, randn
 from tests.lowering.runtime.helpers import compiled_relu_module, small_module
 
-F64 = torch.float64
+F64 = T64 = torch.float64
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _close_fixed_points(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-11,
@@ -65,7 +67,7 @@ def test_torch_compile_runs_the_solves_in_compiled_chunks() -> None:
     assert "compiled" not in off.last_stats.solver
 
 
-def test_a_module_used_under_torch_compile_still_pickles() -> None:
+def test_a_module_used_under_torch_compile_pickles() -> None:
     """The compiled chunks a module made are dropped from its pickle (made again on use); the
     unpickled module (eager) computes the same equilibrium (bound: ``_close_fixed_points``)."""
     m = compiled_relu_module(compile_steps=4)
@@ -77,9 +79,6 @@ def test_a_module_used_under_torch_compile_still_pickles() -> None:
     assert "_compiled" not in back.__dict__
     with torch.no_grad():
         _close_fixed_points(back(x), ref)
-
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 _NO_CXX = textwrap.dedent("""
@@ -105,15 +104,16 @@ _NO_CXX = textwrap.dedent("""
 
 def test_torch_compile_with_the_eager_backend_runs_without_a_cxx_compiler() -> None:
     """``torch.compile(module, backend="eager")`` needs no C++ compiler (nothing is compiled
-    to C++) and ran before compiled chunks existed; the module's own ``torch.compile`` of its
-    chunks (inductor, whatever backend the caller chose) then raised ``InductorError``.  With
-    the compiler unusable the chunks must fall back to eager steps, saying so (a warning that
-    names the switch, ``compile_steps=0``) and statistics that say plain.  Run in a subprocess:
-    inductor caches compiler probes per process.
+    to C++).  With the compiler unusable the module's chunks fall back to eager steps, saying so
+    (a warning that names the switch, ``compile_steps=0``) and with statistics that say plain.
+    Run in a subprocess: inductor caches compiler probes per process.
 
     Tolerance: the plain iterates of a 0.5-contraction at tol 1e-10, eager vs eager-fallback
     (the same float64 operations): 1e-8 absolute on entries of order 1 is far above both
-    solves' error (≤ 2·1e-10·||z||/(1 − 0.5))."""
+    solves' error (≤ 2·1e-10·||z||/(1 − 0.5)).
+
+    Pins: the module's own ``torch.compile`` of its chunks (inductor, whatever backend the
+    caller chose) raised ``InductorError``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true")
     run = subprocess.run([sys.executable, "-c", _NO_CXX], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=300)
@@ -125,10 +125,9 @@ def test_torch_compile_with_the_eager_backend_runs_without_a_cxx_compiler() -> N
     assert math.isfinite(diff) and diff <= 1e-8, run.stdout
 
 
-T64 = torch.float64
-
-
 def test_torch_compile_matches_eager() -> None:
+    """A small conjugate-form layer: ``torch.compile(module)`` gives the eager output and
+    parameter gradients."""
     m = small_module(tol=1e-10)
     x = randn(4, 3)
     ref = m(x)
@@ -144,13 +143,14 @@ def test_torch_compile_matches_eager() -> None:
         close(a, b, 1e-7)
 
 
-# ------------------------------------------------------------------ 3. compile_disabled nesting
 def test_a_disabled_function_stays_untraced_under_a_compile_inside_another() -> None:
     """Inside one ``compile_disabled`` function's region a user's ``torch.compile``-d function
     (a parametrisation, a term's helper) re-enables dynamo for its own frames; a
     ``compile_disabled`` function it calls (another layer's forward) must still run untraced
     (``is_compiling()`` False inside, as when the compiled function is called at top level),
-    not be inlined into the user's graph because the thread's flag says "inside"."""
+    not be inlined into the user's graph because the thread's flag says "inside".
+
+    Pins: the inner function was traced into the user's graph."""
     import torch._dynamo  # what torch.compile imports (the wrapper then disables)
 
     from lowering._compile import compile_disabled

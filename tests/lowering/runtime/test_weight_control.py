@@ -1,6 +1,8 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""Weight control (lowering/weight_control.py): the effective weights keep every norm condition of
+the certificate at every optimizer step (checked by dense SVDs), with exact first-order
+gradients through the rescaling; writes through ``.data``, ``inference_mode`` evaluations,
+several calls in one loss, eval forwards, conditions on constants and half-precision weights all
+keep it."""
 
 from __future__ import annotations
 
@@ -11,23 +13,19 @@ import pytest
 import torch
 from torch import nn
 
+import convex_eq as ce
 import lowering
-from convex_eq import (
-    Antiderivative,
-    Input,
-    SqNorm,
-    State,
-    Weight,
-    models,
-)
+from convex_eq import Antiderivative, Constant, Input, SqNorm, State, Weight, models
 from lowering.weight_control import norm_conditions
 from tests.lowering.helpers import randn
 from tests.lowering.runtime.helpers import controlled_layer, conv_layer, uneven_inputs
 
-T64 = torch.float64
+T64 = F64 = torch.float64
 
 
 def test_weight_control_keeps_the_certificate() -> None:
+    """``||W||₂ = 1.4`` declared, margin 0.05: both modes run with ``||W_eff||₂ ≤ 0.95``
+    (1e-3: the spectral-norm mode's power-iteration estimate)."""
     d = lowering.lower(models.opteq(n=8, m=8, d=3, form="conjugate", weight_norm=1.4, seed=1))
     for mode in ("spectral_norm", "project"):
         m = d.torch_module(weight_control=mode, margin=0.05, dtype=T64)
@@ -38,7 +36,10 @@ def test_weight_control_keeps_the_certificate() -> None:
 
 def test_weight_control_two_forwards_before_one_backward() -> None:
     """The power-iteration buffer is updated in place by every forward; the first forward's
-    graph must survive it (it raised "modified by an inplace operation" before the clone)."""
+    graph must survive it.
+
+    Pins: the second forward's in-place update raised "modified by an inplace operation" in
+    the backward."""
     d = lowering.lower(models.opteq(conv=(4, 3), image=(1, 8, 8)))
     m = d.torch_module(weight_control="spectral_norm", dtype=T64)
     x = randn(3, 64)
@@ -57,7 +58,6 @@ def _exact_norms(module: nn.Module) -> list[tuple[float, float]]:
     return out
 
 
-# ----------------------------------------------------------------------------- weight control
 def test_weight_control_certificate_holds_at_every_training_step():
     """300 Adam steps at lr 3e-2 that push W up (the loss rewards large features): the exact
     norm of the controlled operator (dense SVD of the materialised convolution, computed here)
@@ -114,7 +114,6 @@ def test_weight_control_gradient_matches_finite_differences(kind):
         assert abs(fd - ad) <= 1e-6 * max(abs(fd), 1e-12), (fd, ad)
 
 
-# ----------------------------------------------------------------------------- defaults train
 @pytest.mark.parametrize("lr", [1e-3, 1e-2, 3e-2])
 def test_default_options_train_on_digits_with_the_certificate_at_every_step(lr):
     """An ordinary loop with torch_module() defaults (digits, Adam, 300 steps, batch 64): never
@@ -141,17 +140,13 @@ def test_default_options_train_on_digits_with_the_certificate_at_every_step(lr):
     assert float(loss) < 2.3  # it learned something (chance level is ln 10 ≈ 2.30)
 
 
-F64 = torch.float64
-
-
-# 2. Weight control cached the top singular pair of a weight by its version counter and data
-#    pointer; a write through ``.data`` (``W.data.copy_(pretrained)``) changes neither, so the
-#    stale pair's ``uᵀAv`` (not an upper bound of the new ``||A||₂``) set the scale from then
-#    on: the layer ran with ``||W_eff||₂ = 3.1`` against the certified 0.99.
 def test_weight_control_sees_writes_through_data() -> None:
-    """After ``W.data.copy_(new)`` the controlled weight is ``new·min(1, target/||new||₂)``
-    (the reference: a float64 SVD norm of ``new``; 1e-12: a few roundings of a 6×6 SVD and a
-    product, far below the 2.1 the stale pair gave)."""
+    """After ``W.data.copy_(new)`` (neither version nor data pointer changes) the controlled
+    weight is ``new·min(1, target/||new||₂)`` (the reference: a float64 SVD norm of ``new``;
+    1e-12: a few roundings of a 6×6 SVD and a product, far below the pinned miss of 2.1).
+
+    Pins: the singular pair cached by version and data pointer went stale, and the layer ran
+    with ``||W_eff||₂ = 3.1`` against the certified 0.99."""
     z, x = State("z", 6), Input("x", 4)
     w = Weight("W", (6, 6), np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0] * 0.5)
     u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
@@ -168,14 +163,14 @@ def test_weight_control_sees_writes_through_data() -> None:
         assert float(torch.linalg.matrix_norm(w_eff, 2)) <= target * (1 + 1e-12)
 
 
-# 7. The weight control's singular pair, recomputed inside ``torch.inference_mode()`` (an
-#    evaluation after an optimizer step), was cached as inference tensors; the next training
-#    call of a float64 module multiplied them into its graph: "Inference tensors cannot be
-#    saved for backward" on the second epoch of a train / evaluate loop.
 def test_training_after_an_inference_mode_evaluation() -> None:
-    """Gradients after an ``inference_mode`` evaluation equal those of a fresh module with the
-    same weights (1e-12: the same float64 operations on the same values; the SVD of the same
-    matrix may differ in the last bits between calls only through threading, not here)."""
+    """Gradients after an ``inference_mode`` evaluation (after an optimizer step) equal those of
+    a fresh module with the same weights (1e-12: the same float64 operations on the same values;
+    the SVD of the same matrix may differ in the last bits between calls only through
+    threading, not here).
+
+    Pins: the singular pair recomputed under ``inference_mode`` was cached as inference tensors,
+    and the next training call raised "Inference tensors cannot be saved for backward"."""
     m, x, c = controlled_layer(0.9)
     opt = torch.optim.SGD(m.parameters(), lr=1e-2)
     (m(x) * c).sum().backward()
@@ -191,18 +186,17 @@ def test_training_after_an_inference_mode_evaluation() -> None:
         assert float((p.grad - fresh.weights[name].grad).abs().max()) <= 1e-12, name
 
 
-# 8. ``weight_control='project'`` measured and rescaled the stored weight before every training
-#    forward; its own projection leaves the norm a rounding above the target about half the
-#    time, so the next forward wrote into the parameter again (a factor 1 − 1e-16): a loss
-#    over two calls of the module then failed in backward ("modified by an inplace
-#    operation"), and every forward recomputed the SVD.
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_project_mode_two_calls_in_one_loss(dtype: torch.dtype) -> None:
     """Two calls in one loss backpropagate, and the gradient equals that of the same layer
     without control at the projected weight (float64: 1e-10, the two solves at 1e-12 differ
     by at most ~1e-11 relative on this 0.98-contraction; float32: 1e-4, tol 1e-6 solves of
     a 0.98-contraction agree to ~5e-5 relative).  A weight moved by a step, or written
-    through ``.data``, is projected again."""
+    through ``.data``, is projected again.
+
+    Pins: the projection left the norm a rounding above its target about half the time, the
+    next forward wrote into the parameter again, and a loss over two calls failed in backward
+    ("modified by an inplace operation")."""
     tol = 1e-12 if dtype == F64 else 1e-6
     for seed in range(4):  # a projection lands a rounding above its target for some seeds
         z, x = State("z", 6), Input("x", 4)
@@ -239,15 +233,14 @@ def test_project_mode_two_calls_in_one_loss(dtype: torch.dtype) -> None:
             assert got <= target * (1 + 16 * torch.finfo(dtype).eps), (seed, move, got)
 
 
-# 10. A norm condition on a ``Constant`` (``||C||₂ ≤ 1`` of Theorem 1 with a fixed operator)
-#     made the default ``weight_control='auto'`` pick spectral-norm control, which then found
-#     no *weight* to control and refused to build the module ("weight control requested …",
-#     hint ``weight_bounds={'W': 1.0}``, a weight that does not exist).  A fixed constant needs
-#     no control; a constant made learnable (``learnable_constants=True``) does.
 @pytest.mark.parametrize("learnable", [False, True])
 def test_norm_condition_on_a_constant(learnable: bool) -> None:
-    from convex_eq import Constant
+    """``||C||₂ ≤ 1`` of Theorem 1 with a fixed operator ``C``: no control is needed and none is
+    built; a constant made learnable (``learnable_constants=True``) is controlled, also when
+    training pushes it up.
 
+    Pins: the default ``weight_control='auto'`` chose spectral-norm control, found no weight to
+    control and refused to build the module (hinting at a weight ``W`` that does not exist)."""
     z, x = State("z", 6), Input("x", 4)
     c0 = np.random.default_rng(0).normal(size=(6, 6))
     cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
@@ -271,17 +264,18 @@ def test_norm_condition_on_a_constant(learnable: bool) -> None:
     assert float(torch.linalg.matrix_norm(m.weights["C"].detach(), 2)) > 0.99  # it was pushed
 
 
-# --------------------------------------------- weight control: the rounded half weight's norm
+# ------------------------------------------------------------------ half precision
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["spectral_norm", "project"])
 def test_half_precision_rescaled_weight_stays_below_the_bound(dtype: torch.dtype,
                                                               mode: str) -> None:
-    """``margin=0`` (allowed): the effective weight rounded to bfloat16 read ``‖W‖₂ = 1.0019 > 1``
-    (the scale and the product rounded up), a certificate that does not hold.  The rounded value
-    is now measured and shrunk until it fits.  1e-5 relative: the float32 ``uᵀAv`` measuring a
-    48×64 weight rounds by at most ~64·2⁻²⁴ ≈ 4e-6, far below the 2.7e-4 … 1.9e-3 excess seen
-    before (bfloat16 and float16 round at 2⁻⁹ and 2⁻¹² relative on any CPU)."""
-    import convex_eq as ce
+    """``margin=0`` (allowed): the effective weight rounded to the half dtype is measured and
+    shrunk until it fits, so ``‖W_eff‖₂ ≤ 1``.  1e-5 relative: the float32 ``uᵀAv`` measuring a
+    48×64 weight rounds by at most ~64·2⁻²⁴ ≈ 4e-6, far below the pinned excess of 2.7e-4 …
+    1.9e-3 (bfloat16 and float16 round at 2⁻⁹ and 2⁻¹² relative on any CPU).
+
+    Pins: the rounded effective weight read ``‖W‖₂ = 1.0019 > 1`` (the scale and the product
+    rounded up), a certificate that does not hold."""
 
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(48, 64, generator=g, dtype=torch.float64)
@@ -299,15 +293,13 @@ def test_half_precision_rescaled_weight_stays_below_the_bound(dtype: torch.dtype
     assert float(torch.linalg.matrix_norm(eff.double(), 2)) <= 1.0 + 1e-5
 
 
-# ------------------------------------------------------- weight control in half precision
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_norm_is_measured_in_float32(dtype: torch.dtype) -> None:
     """The exact norm ``σ = uᵀAv`` of a half-precision weight is the float64 spectral norm of
     its (half) values to float32 accuracy: a half-precision product rounded σ by up to 2⁻⁸
     relative, and a σ that reads low is no bound.  1e-5 relative: the float32 product of a
-    48×64 matrix rounds by at most about 64·2⁻²⁴ ≈ 4e-6 in any summation order, while the
-    half-precision product was off by ~1e-3."""
-    import convex_eq as ce
+    48×64 matrix rounds by at most about 64·2⁻²⁴ ≈ 4e-6 in any summation order, while a
+    half-precision product is off by ~1e-3."""
 
     g = torch.Generator().manual_seed(1)
     w0 = torch.randn(48, 64, generator=g, dtype=torch.float64)
@@ -323,7 +315,6 @@ def test_half_precision_norm_is_measured_in_float32(dtype: torch.dtype) -> None:
     assert abs(sig - true) <= 1e-5 * true
 
 
-# ----------------------------------------------------------------- lowering/weight_control.py
 def test_eval_forward_leaves_parameters_alone_and_keeps_the_bound() -> None:
     """Eval forwards leave the parameters alone (bit-identical repeats) and still enforce
     ||W||₂ ≤ bound − margin (exact SVD here; the control uses a guaranteed bound, so the
