@@ -1,8 +1,5 @@
-"""The per-call path after the cuts of this round (lowering/solvers.py, module.py, backward.py,
-plan.py, nodes.py): the cheap gradient switch, the plan linearised at an alias of the output,
-the Gram matrix applied without a transpose, ``auto``'s inline prediction, and the
-benchmark's hand-loop stop test.  Each shortcut must give what the slower form gave; the tests
-that guard one are shown to fail on a broken rule (``test_*_mutation``)."""
+"""The benchmarks' hand-written loop (benchmarks/hand.py): its stop test decides as the module's
+rule does."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ import torch
 from benchmarks.hand import done
 
 
-# ----------------------------------------------------------------- the hand-loop stop test
 def test_hand_stop_test_is_the_module_decision() -> None:
     """``benchmarks.hand.done`` decides as the float64 residual compared with the unrounded
     ``tol`` (the module's rule, :func:`lowering.solvers._meets`), zero-norm samples included

@@ -1,7 +1,9 @@
 """The training case's interleaved replay (benchmarks/train.py ``_replay``) with several
 repetitions: the drift target's ratio is the ratio of the medians over every replayed step of
 both windows, each repetition starts from fresh copies of the snapshots (so it repeats the
-run's iteration counts), and each repetition's own ratio is reported."""
+run's iteration counts), and each repetition's own ratio is reported; a replay that did not
+repeat the run is no verdict on the drift target, and the replay runs with the other methods'
+models freed."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from benchmarks.report import TARGETS, _train_targets
+from benchmarks.report import TARGETS, targets
 
 
 def test_replay_repetitions_pool_their_steps_and_repeat_the_run() -> None:
@@ -40,26 +42,28 @@ def test_replay_repetitions_pool_their_steps_and_repeat_the_run() -> None:
 def test_drift_target_is_not_met_by_a_replay_that_did_not_repeat_the_run() -> None:
     """benchmarks/train.py documents that the interleaved replay "must repeat the run's
     iteration counts (``replay.iters_match``)": a replay whose steps did not repeat the run's
-    forward/adjoint iterations measured another computation, so its ratio cannot be the verdict
-    on the drift target.  ``_train_targets`` judges the replay's ratio whatever ``iters_match``
-    says (here: no replayed step repeated the run, the sequential windows miss the target, and
-    the report still says met)."""
+    forward/adjoint iterations measured another computation, so its ratio is no verdict on the
+    drift target (here: no replayed step repeated the run and the sequential windows miss the
+    target: not met).
+
+    Pins: the training targets judged the replay's ratio whatever ``iters_match`` said."""
     over = TARGETS["train_drift"] * 1.2
     tr = {"window": 50,
           "methods": {"module": {"first_s": 0.010, "last_s": 0.010 * over,
                                  "last_over_first": over}},
           "replay": {"first_s": 0.010, "last_s": 0.010, "last_over_first": 1.0,
                      "iters_match": 0.0, "starts": [0, 250]}}
-    drift = _train_targets(tr)[0]
+    drift = next(t for t in targets({"train": tr}) if "module step time" in t["target"])
     assert drift["met"] is not True, drift
 
 
 def test_train_replay_runs_with_the_other_methods_models_dropped(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/train.py (4b0231e) says the replay runs "with the other methods' models and
-    optimizers dropped first (the module alone)": ``models``/``opts`` are cleared, but the
-    locals ``m`` (the ``m.train()`` loop), ``deq`` and ``fn`` (the last step's closure) still
-    hold torchdeq classifiers (and an optimizer) while ``_replay`` runs."""
+    """benchmarks/train.py says the replay runs "with the other methods' models and optimizers
+    dropped first (the module alone)": no torchdeq classifier is alive while ``_replay`` runs.
+
+    Pins: ``models``/``opts`` were cleared, but the locals ``m``, ``deq`` and ``fn`` still held
+    torchdeq classifiers (and an optimizer)."""
     pytest.importorskip("torchdeq")
     from benchmarks import common, train
 

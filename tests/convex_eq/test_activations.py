@@ -588,17 +588,16 @@ def test_a_subclass_with_its_own_sigma_is_not_given_the_parents_torch_op(base: s
     assert plain.torch_sigma_ is (torch.relu_ if base == "relu" else None)
 
 
-T64 = torch.float64
-
-
-# ----------------------------------------------------------------- convex_eq/activations/base.py
 @pytest.mark.parametrize("act", ["identity", "leaky_relu", "relu", "softplus"])
 def test_prox_of_a_conjugate_potential_stays_in_its_domain(act: str) -> None:
-    """prox_{t f_σ*} via the Moreau identity v − t·prox_{f_σ/t}(v/t) left 5e-17 where the
-    exact value is 0 (the edge of dom f_σ*), so f_σ* of the prox was +∞ (identity: ι_{0})."""
+    """``prox_{t f_σ*}`` stays in ``dom f_σ*`` (so ``f_σ*`` of it is finite), also where the
+    exact value is its edge 0, and so does an objective's prox through it.
+
+    Pins: the Moreau identity v − t·prox_{f_σ/t}(v/t) left 5e-17 where the exact value is 0,
+    and f_σ* of the prox was +∞ (identity: ι_{0})."""
     a = ce.get_activation(act, slope=0.3) if act == "leaky_relu" else ce.get_activation(act)
     v = torch.tensor([0.055988528498338484, 0.3523299032448493, 1.614604087979768, -0.7],
-                     dtype=T64)
+                     dtype=torch.float64)
     for t in (0.3, 1.0, 2.5):
         p = a.prox_conjugate(v, t)
         lo, hi = a.conjugate_domain
@@ -606,5 +605,5 @@ def test_prox_of_a_conjugate_potential_stays_in_its_domain(act: str) -> None:
         assert torch.isfinite(a.conjugate_potential(p)).all()
     z = State("z", 1)
     g = Objective([Potential(a, z).conjugate() * 2.0, SqNorm(z) * -0.3])
-    p = g.prox(torch.tensor([[0.055988528498338484]], dtype=T64), 2.5, {})
+    p = g.prox(torch.tensor([[0.055988528498338484]], dtype=torch.float64), 2.5, {})
     assert torch.isfinite(g.value_tensor({"z": p})).all()

@@ -1,27 +1,23 @@
-"""Regression tests for the bugs the fuzzing of issue 7 found (one test per fix; each test fails
-on the code before the fix)."""
+"""CVXPY export of objectives (convex_eq/export.py ``Objective.to_cvxpy``): refusals name the term
+that is not DCP, a non-DCP conjugate's value is computed without CVXPY, a constant objective has
+a solution, and a solver failure is a project error."""
 
 from __future__ import annotations
 
+import cvxpy as cp
 import numpy as np
 import pytest
 import torch
 
 import convex_eq as ce
-from convex_eq import (
-    L1,
-    AntiderivativeConjugate,
-    Objective,
-    Potential,
-    SqNorm,
-    State,
-    models,
-)
+from convex_eq import L1, AntiderivativeConjugate, Objective, Potential, SqNorm, State, models
 
 
-# ----------------------------------------------------------------- convex_eq/terms/potential.py
 def test_not_dcp_potential_export_names_the_term() -> None:
-    """The refusal named only the activation ('softplus'), not which term of the objective."""
+    """A potential that is not DCP (softplus's antiderivative conjugate) is refused naming the
+    term (``Σ f_softplus(z)``), not only the activation.
+
+    Pins: the refusal named only the activation ('softplus')."""
     z, z2 = State("z", 2), State("y", 2)
     obj = Objective([Potential("relu", z2), SqNorm(z2), Potential("softplus", z), SqNorm(z)])
     with pytest.raises(ce.NotDCPError) as err:
@@ -33,16 +29,18 @@ def test_not_dcp_potential_export_names_the_term() -> None:
     assert "(∫softplus)*(z)" in err2.value.term
 
 
-# ----------------------------------------------------------------- convex_eq/terms/conjugate.py
 def test_not_dcp_conjugate_export_and_value_name_the_term() -> None:
+    """The export of a non-DCP conjugate names the term; its value (the inner problem over a
+    non-injective ``Mᵀ``) is computed through its Fenchel dual and matches an independent
+    SLSQP solve of the inner problem."""
     phi = models.opteq(n=2, m=4, d=2, activation="softplus", form="conjugate")
     conj = str(phi.terms[0])
     with pytest.raises(ce.NotDCPError) as err:
         phi.to_cvxpy(x=np.zeros(2))
     assert conj in str(err.value)
     # Mᵀ (2×4) is not injective: the value is the inner problem min{Σσ̃*(y) − <q,y> : Mᵀy = z},
-    # once refused for softplus (not DCP), now solved through its Fenchel dual (no CVXPY);
-    # checked against an independent SLSQP solve of the inner problem itself
+    # solved through its Fenchel dual (no CVXPY: softplus is not DCP); checked against an
+    # independent SLSQP solve of the inner problem itself
     import scipy.optimize as so
 
     t = phi.terms[0]
@@ -63,10 +61,11 @@ def test_not_dcp_conjugate_export_and_value_name_the_term() -> None:
     assert res.success and abs(val - t.coef(None) * t.s * res.fun) <= 1e-6, (val, res)
 
 
-# ----------------------------------------------------------------- convex_eq/export.py
 def test_export_of_a_constant_objective_has_a_solution() -> None:
-    """Σ f_identity(z) = 0: CVXPY leaves the unused variable unset although the status is
-    'optimal'; ``state_values`` raised "problem has no solution (status optimal)"."""
+    """Σ f_identity(z) = 0: the export solves to 0 and ``state_values`` returns the state (CVXPY
+    leaves an unused variable unset although the status is 'optimal').
+
+    Pins: ``state_values`` raised "problem has no solution (status optimal)"."""
     z = State("z", (1, 2, 2))
     exp = Objective([Potential("identity", z)]).to_cvxpy()
     assert exp.solve() == 0.0
@@ -74,10 +73,10 @@ def test_export_of_a_constant_objective_has_a_solution() -> None:
 
 
 def test_export_solver_failure_is_a_project_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ExportedProblem.solve`` let ``cvxpy.error.SolverError`` escape (seen twice in a
-    thorough fuzz run on random objectives, Clarabel failing)."""
-    import cvxpy as cp
+    """A CVXPY solver failure in ``ExportedProblem.solve`` is a project ``SolverError`` naming
+    the solver.
 
+    Pins: ``cvxpy.error.SolverError`` escaped (Clarabel failing on random objectives)."""
     z = State("z", 2)
     exp = Objective([L1(z), SqNorm(z)]).to_cvxpy()
 

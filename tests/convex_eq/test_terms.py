@@ -727,16 +727,15 @@ def test_printing_is_readable():
     assert str(Coupling(zi, z)) == "z_iᵀ I z"
 
 
-T64 = torch.float64
-
-
-# ----------------------------------------------------------------- convex_eq/terms/moreau.py
+# --------------------------------------------------------------------------- Moreau envelopes
 def test_envelope_gradient_lipschitz_bound_of_a_weakly_convex_inner_function() -> None:
     """φ = 0.5||z||₁ − 0.6·½||z||², μ = 1: ∇M changes with slope a/(1 − μa) = 1.5 along large
-    |v|, but grad_lipschitz reported 1/μ = 1 (valid for convex φ only)."""
+    |v|, and ``grad_lipschitz`` bounds it (for convex φ it is 1/μ).
+
+    Pins: ``grad_lipschitz`` reported 1/μ = 1, valid for convex φ only."""
     z = State("z", 1)
     env = moreau(Objective([L1(z) * 0.5, SqNorm(z) * -0.6]), 1.0)
-    v = torch.tensor([[5.0], [6.0]], dtype=T64)
+    v = torch.tensor([[5.0], [6.0]], dtype=DT)
     g = env.grad({"z": v})["z"]
     slope = float((g[1] - g[0]).abs() / (v[1] - v[0]).abs())
     assert slope == pytest.approx(1.5)
@@ -744,10 +743,11 @@ def test_envelope_gradient_lipschitz_bound_of_a_weakly_convex_inner_function() -
     assert moreau(Objective([L1(z)]), 0.5).grad_lipschitz() == pytest.approx(2.0)  # convex: 1/μ
 
 
-# ----------------------------------------------------------------- convex_eq/terms/moreau.py
 @pytest.mark.parametrize("mu", [math.nan, math.inf])
 def test_moreau_envelope_refuses_a_non_finite_mu(mu: float) -> None:
-    """``μ ≤ 0`` was refused but NaN and +inf passed (``nan <= 0`` is False)."""
+    """A NaN or infinite μ is a ScaleError naming μ, as μ ≤ 0 is.
+
+    Pins: NaN and +inf passed (``nan <= 0`` is False)."""
     z = State("z", 2)
     with pytest.raises(ce.ScaleError, match="μ"):
         moreau(L1(z), mu)

@@ -207,12 +207,8 @@ def test_guide_examples_run_in_order() -> None:
 
 
 def test_docs_saddle_example_runs_and_prints_what_the_page_shows():
-    import contextlib
-    import io
-    import re
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[2] / "docs" / "monotone.md").read_text()
+    """docs/monotone.md's saddle example runs and prints the lines the page shows."""
+    page = (DOCS / "monotone.md").read_text()
     code = re.findall(r"```python\n(.*?)```", page, re.S)
     shown = re.findall(r"prints\n\n```text\n(.*?)```", page, re.S)
     assert len(code) == 1 and len(shown) == 1

@@ -1,4 +1,4 @@
-"""Fuzz: malformed objective trees and calls (issue 7, item 3).
+"""Fuzz: malformed objective trees and calls.
 
 Every drawn malformed case (``fuzz.strategies.malformed``: shape mismatches, invalid scales,
 non-monotone / non-1-Lipschitz sympy σ, unsupported compositions, bad runtime arguments) raises a

@@ -1,4 +1,4 @@
-"""Fuzz: numerical stress on emitted modules (issue 7, item 4).
+"""Fuzz: numerical stress on emitted modules.
 
 Inputs of huge (1e8, 1e20) and tiny (1e-12, 1e-30) magnitude, float32 near its tolerance limit
 (tol 1e-7), ||W||₂ = 0.999, batches of 1 and 4096, NaN/Inf injected into inputs or weights: the

@@ -1,4 +1,4 @@
-"""Fuzz: ``state_dict`` round trips of emitted modules (issue 7, item 5).
+"""Fuzz: ``state_dict`` round trips of emitted modules.
 
 A saved module's ``state_dict`` (through ``torch.save`` / ``torch.load``) loads into a fresh module
 of the same derived layer bit-exactly: every tensor and the forward outputs are ``torch.equal``.

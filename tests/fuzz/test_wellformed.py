@@ -1,4 +1,4 @@
-"""Fuzz: random well-formed objective trees (issue 7, items 1–2).
+"""Fuzz: random well-formed objective trees.
 
 For every drawn objective (``fuzz.strategies.well_formed``): ``lowering.lower`` derives a layer or
 raises a documented error naming the term; ``T`` is finite on finite inputs; the contraction

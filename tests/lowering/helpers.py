@@ -1,5 +1,5 @@
-"""Helpers shared by the lowering tests: seeded float64 draws, the closed-form comparison and
-objectives several files use."""
+"""Helpers shared by the lowering tests: seeded float64 draws, the closed-form comparison, and
+objectives and inclusions several files use."""
 
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ GEN = torch.Generator().manual_seed(7)
 
 
 def W(obj, name: str) -> torch.Tensor:
+    """The declared value of symbol ``name`` of ``obj``."""
     return obj.symbol(name).value
 
 
 def randn(*shape: int) -> torch.Tensor:
+    """float64 standard normal draws from the shared seeded generator ``GEN``."""
     return torch.randn(*shape, generator=GEN, dtype=T64)
 
 
@@ -41,15 +43,16 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-12) -> None:
 
 
 def relu_phi():
+    """Conjugate-form ReLU OptEq ``φ`` (6 states, 8 rows, 3 inputs)."""
     return models.opteq(n=6, m=8, d=3, activation="relu", form="conjugate", seed=5)
 
 
 def prox_relu_phi(phi, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``prox_φ(v) = Wᵀrelu(Wv + Ux + b)`` written out from docs/theory.md (the reference)."""
     w, u, b = W(phi, "W"), W(phi, "U"), W(phi, "b")
     return torch.relu(v @ w.T + x @ u.T + b) @ w
 
 
-# ---------------------------------------------------------------------------- uniqueness
 class _MarginIgnored(MonotoneMatrix):
     """Deliberately broken: the layer drops ``mI`` while the certificate still claims it."""
 
@@ -79,6 +82,7 @@ def decoupled_inclusion(seed: int, scale: float, broken: bool) -> Inclusion:
 
 def theorem1(n: int = 3, act: str = "relu", w: np.ndarray | None = None, name: str = "z",
               seed: int = 0) -> tuple[Objective, State, Input]:
+    """Theorem 1's objective ``φ = ψ* − ½||z||²``, ``ψ = Σσ̃(Wz + Ux)``, with its state and input."""
     rng = np.random.default_rng(seed)
     z, x = State(name, n), Input("x", 2)
     W = Weight(f"W_{name}", (n, n), 0.6 * np.eye(n) if w is None else w)

@@ -1,6 +1,6 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""The converter (lowering/converter.py ``lowering.convert``, Lemma 1-2 of docs/theory.md): an MLP
+becomes an equilibrium network whose module reproduces it and whose hidden layers are scaled
+proxes; weights outside float64's range are refused naming the layer."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from tests.lowering.helpers import close, randn
 T64 = torch.float64
 
 
-# ------------------------------------------------------------------ 5. converter
 @pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
 @pytest.mark.parametrize("widths", [(5, 7, 3), (4, 9, 9, 6, 2), (10, 3), (3, 16, 8, 8, 8, 1)])
 def test_converter_reproduces_mlps(act: type, widths: tuple[int, ...]) -> None:
+    """The module reproduces the MLP (1e-5 on float64 outputs of order 1: the equilibrium solve's
+    tolerance) and each hidden layer is ``μ_k·prox_{φ_k}`` of the previous one (1e-10: closed
+    forms)."""
     torch.manual_seed(sum(widths))
     layers: list[nn.Module] = []
     for i in range(len(widths) - 1):
@@ -40,14 +42,15 @@ def test_converter_reproduces_mlps(act: type, widths: tuple[int, ...]) -> None:
         close(net.mus[k] * d.apply({f"u{k}": hidden[k]})[f"u{k}"], hidden[k + 1], 1e-10)
 
 
-# ----------------------------------------------------------------- lowering/converter.py
 @pytest.mark.parametrize("scale, error", [(1e-274, ce.ScaleError), (1e160, ce.ScaleError),
                                           (math.nan, ce.NonFiniteError),
                                           (math.inf, ce.NonFiniteError)])
 def test_converter_refuses_weights_outside_float64_range_naming_the_layer(
         scale: float, error: type) -> None:
-    """ZeroDivisionError (1e-274: μ underflowed), OverflowError (1e160) and a LinAlgError
-    (NaN/Inf) escaped ``lowering.convert`` before."""
+    """Weights scaled to 1e-274 or 1e160, or NaN/Inf: a ScaleError / NonFiniteError naming
+    ``convert: Linear 1``.
+
+    Pins: a ZeroDivisionError (μ underflowed), an OverflowError and a LinAlgError escaped."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     with torch.no_grad():

@@ -1,6 +1,7 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""``lowering.lower``: the derived ``T`` of each seed model (OptEq in its conjugate, canonical and
+convolutional forms, GEQ whole and patch-split, MOptEq) against the docs/theory.md formula
+written out here, and unknown options or objectives no rule takes refused.  The individual
+rules are tested in tests/lowering/rules/."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ ACTS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
         "leaky_relu": lambda t: F.leaky_relu(t, 0.01), "softplus": F.softplus}
 
 
-# ------------------------------------------------------------------ 1. derived T vs references
 @pytest.mark.parametrize("act", list(ACTS))
 def test_opteq_conjugate_form(act: str) -> None:
     mu = 1.7

@@ -1,5 +1,7 @@
-"""Input injections are computed once per forward solve, not in every evaluation of ``T``
-(``lowering.nodes.partial_evaluation``), and the gradient path is unaffected."""
+"""The node tree (lowering/nodes.py): input injections and Gram forms are computed once per
+forward solve, not in every evaluation of ``T`` (``partial_evaluation``), with exact gradients;
+per-node caches (the bilinear placeholder, the Gram forms keyed by their terms) survive writes,
+copies and pickles, also pickles of an older cache layout."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 import lowering
 from benchmarks.common import qp_objective, qp_weight
 from convex_eq.models import opteq
+from lowering import plan as pl
 from lowering.nodes import GradSum
 from tests.lowering.runtime.helpers import qp_module_64
 
@@ -112,21 +115,23 @@ def _grad_sums(nodes: dict) -> list[GradSum]:
     return out
 
 
-def test_node_tree_pickled_before_the_recipe_held_functions_still_plans(
+def test_a_node_tree_pickled_with_a_recipe_without_bilinear_functions_still_plans(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before 10c0344, ``GradSum.__getstate__`` kept ``_recipe_cache`` and a bilinear entry's
-    5th slot was None; since then ``plan()`` calls that slot (``off(ctx.values, env)``).  A node
-    tree pickled by the previous version (the way tests/test_review_s7b.py persists a layer's
-    nodes) is restored by ``__setstate__`` with the old cache as is, and the first plan raises
-    ``TypeError: 'NoneType' object is not callable``.  The old pickle is reproduced exactly: the
-    old instance dictionary (the old recipe, the old ``__getstate__`` that did not drop it)."""
+    """``plan()`` calls the 5th slot of each ``GradSum._recipe_cache`` entry
+    (``off(ctx.values, env)``).  A node tree pickled with that cache kept and a bilinear entry's
+    slot None (a ``__getstate__`` that did not drop the cache) is restored and plans: the module
+    built on it gives the original's output.  Such a pickle is reproduced exactly: that
+    instance dictionary and that ``__getstate__``.
+
+    Pins: the first plan of such a tree raised ``TypeError: 'NoneType' object is not
+    callable``."""
     layer = lowering.lower(qp_objective(qp_weight(64, norm=0.9, seed=0)))
     mod = layer.torch_module(weight_control=None)
     x = torch.randn(8, 64)
     ref = mod(x)  # fills the recipe cache
     sums = _grad_sums(layer.nodes)
     assert sums and all("_recipe_cache" in s.__dict__ for s in sums)
-    for s in sums:  # the previous version's recipe: no function for a bilinear term
+    for s in sums:  # that layout's recipe: no function for a bilinear term
         s._recipe_cache = [(k, t, c, a, None if k == "bilinear" else off)
                            for k, t, c, a, off in s._recipe_cache]
 
@@ -147,10 +152,7 @@ def test_node_tree_pickled_before_the_recipe_held_functions_still_plans(
     torch.testing.assert_close(mod2(x), ref)
 
 
-# ------------------------------------------- 2. the Gram forms keyed by the terms' own ids
 def _grad_sums_of_layer(layer) -> list:  # type: ignore[no-untyped-def]
-    from lowering.nodes import GradSum
-
     out: list = []
     seen: set[int] = set()
 
@@ -173,15 +175,12 @@ def _grad_sums_of_layer(layer) -> list:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_a_copied_layer_keeps_its_gram_forms(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``GradSum._gram`` is keyed by ``id(term)``.  A copy of the derived layer (``copy.deepcopy``,
-    or a pickle of the node tree) has new term objects: its keys must be theirs.  With the
-    original's ids the copy silently lost the Gram plan (``Aᵀ(A·)`` at every iteration instead
-    of the ``n×n`` matrix), and a later object reusing a freed term's id would have been given
-    another term's operator."""
-    import copy
-    import pickle
+    or a pickle of the node tree) has new term objects: its keys must be theirs, and the copy
+    plans the Gram matrix as the original does.
 
-    from lowering import plan as pl
-
+    Pins: with the original's ids the copy silently lost the Gram plan (``Aᵀ(A·)`` at every
+    iteration instead of the ``n×n`` matrix); a later object reusing a freed term's id could
+    have been given another term's operator."""
     layer = lowering.lower(qp_objective(qp_weight(128, norm=0.9, seed=0)))
     if how == "deepcopy":
         other = copy.deepcopy(layer)

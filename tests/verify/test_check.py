@@ -1,7 +1,7 @@
-"""verify.check: every reference path (docs/theory.md §9), the failure labels, bad input, a trained
-module
-reloaded from its state_dict, gradients, report/markdown/CLI; and checks that deliberately broken
-layers or backward passes fail."""
+"""verify.check: every reference path (docs/theory.md §9), the failure labels, bad input, a
+diverging layer reported rather than raised, a trained module reloaded from its state_dict,
+gradients, report/markdown/CLI; and checks that deliberately broken layers or backward passes
+fail."""
 
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ def test_broken_backward_fails_the_gradient_check(monkeypatch: pytest.MonkeyPatc
     assert bad.status.startswith("FAILED: gradient check failed")
 
 
-# ------------------------------------------------------------------ trained module (Must show 5)
+# ------------------------------------------------------------------ trained module
 def test_trained_module_reloaded_from_state_dict_verifies() -> None:
     d = lowering.lower(opteq("relu", "conjugate", norm=0.8, seed=6))
     torch.manual_seed(0)
@@ -404,10 +404,12 @@ def test_tolerance_forms() -> None:
     assert math.isfinite(rep.elapsed)
 
 
-# ----------------------------------------------------------------- verify/equilibrium.py
 def test_verify_reports_a_diverging_layer_instead_of_raising() -> None:
-    """``z ← relu(1 + 10z)`` has no fixed point; the tight solve's NaN/Inf escaped verify.check
-    as NonFiniteError (typed, but verify's job is the report)."""
+    """``z ← relu(1 + 10z)`` has no fixed point: verify reports "equilibrium not found" with the
+    divergence among its failures, and the report renders.
+
+    Pins: the tight solve's NaN/Inf escaped verify.check as NonFiniteError (typed, but verify's
+    job is the report)."""
     import os
     import tempfile
 

@@ -1,4 +1,6 @@
-"""Regression tests for verify's false alarms (each FAILed a correct layer on the old code).
+"""verify never FAILs a correct layer: each test is a correct layer on which a reference, a
+stationarity check or a tolerance produced a false alarm (the docstring says which), and it
+passes.
 
 Every test also keeps the check able to fail: a layer verified against a different objective
 (another coefficient) must still FAIL.  Tolerances: the verified quantities are fixed-point /
@@ -58,7 +60,7 @@ def test_skip_of_an_input_free_objective_with_minimizer_zero() -> None:
     """``0.7·M^0.3[Σf_relu + ½||z||² − ½·½||Wz||²]``: the layer gives exactly z* = 0, Clarabel
     lands ~4e-6 away (degenerate interior point) and the envelope's lifted problem (auxiliary
     block) could not be polished: relative error 3.6e-4 (floor 1e-2) → FAIL.  The Moreau skip
-    is now unwound (argmin λM^μ_φ = argmin φ) and the CVXPY point polished on φ."""
+    is unwound (argmin λM^μ_φ = argmin φ) and the CVXPY point polished on φ."""
     rng = np.random.default_rng(0)
     z = State("z1", 4)
     W = Weight("W", (4, 4), np.linalg.qr(rng.normal(size=(4, 4)))[0] * 0.9)
@@ -85,7 +87,7 @@ def test_precomposed_objective_with_an_active_nonsmooth_term(kind: str) -> None:
     """``(f + ½||u||² − <Ux, u> + 0.3·GaussianKernel(u))∘A``, f = Σf_relu or 0.3||u||₁ active
     at 0: the layer is stationary in u = Az, but the local reference took the projected
     gradient of φ∘A in z (no stationarity measure where u ≥ 0 / |u| is active): residuals
-    1.2 and 0.4 → FAIL.  The local reference now works on φ at u = A(z)."""
+    1.2 and 0.4 → FAIL.  The local reference works on φ at u = A(z)."""
     phi, a, x = _gk(kind)
     z = phi.states[0]
     rep = _check(ce.precompose(phi + ce.GaussianKernel(z, 1.0) * 0.3, a), x)
@@ -101,7 +103,7 @@ def test_precomposed_objective_with_an_active_nonsmooth_term(kind: str) -> None:
 def test_precomposed_state_one_ulp_outside_a_clamp_box(seed: int) -> None:
     """``(Σf_clamp(u) + ½||u||² + 0.5·FeatureIncay(u) − <Ux, u>)∘M``, M = randn + 3I: after
     ``A⁻¹∘T∘A`` u lands an ulp outside [0, 1]; the value read +∞ (stationarity inf) — 20 of
-    20 random M failed.  Evaluation now clips round-off (≤ 1e-10 relative) onto the domain."""
+    20 random M failed.  Evaluation clips round-off (≤ 1e-10 relative) onto the domain."""
     rng = np.random.default_rng(seed)
     z, x = State("z1", 4), Input("x", 3)
     U = Weight("U3", (4, 3), rng.normal(size=(4, 3)) * 2)
@@ -145,7 +147,7 @@ def test_skip_of_a_prox_variant_edit_compares_with_the_claimed_objective() -> No
 # 5 ------------------------------------------------------------------ HSIC batches
 def test_hsic_objective_is_verified_on_its_batch() -> None:
     """OptEq + 0.05·HSIC with a batch of 4: verify lifted one sample at a time and HSIC raised
-    "batch of at least 2, got 1".  The local reference is now one problem over the batch."""
+    "batch of at least 2, got 1".  The local reference is one problem over the batch."""
     x = np.random.default_rng(0).normal(size=(4, 3))
     phi = models.opteq(n=4, m=4, d=3, seed=0)
     z = phi.states[0]
@@ -176,7 +178,7 @@ def test_a_nan_sample_is_never_dropped_from_a_maximum() -> None:
 # 7 ------------------------------------------------------------------ overflow-safe residual
 def test_a_huge_state_never_reads_as_a_zero_residual(monkeypatch: pytest.MonkeyPatch) -> None:
     """``||z||²`` overflows float64 once ``|z| ≳ 1e154``: with ``z = 1e155·1`` and
-    ``T(z) = 0.99z`` the residual read ``2e153/inf = 0`` ("ok").  Norms are now scaled by the
+    ``T(z) = 0.99z`` the residual read ``2e153/inf = 0`` ("ok").  Norms are scaled by the
     largest entry: the relative residual is the true 1e-2 (exact in float64 to ~1e-15)."""
     import importlib
 
@@ -226,7 +228,7 @@ def test_stationarity_allowance_follows_the_accepted_fixed_point_residual(
     """Forward–backward with step 0.5: a state accepted with fixed-point residual 6.8e-9
     (≤ 1e-8) has unit-step stationarity residual 1.4e-8 (twice it: the step) and FAILed
     "stationarity 1.4e-8 > 1e-8" (an fb case of the thorough fuzz, unconfirmed by the
-    adjudicator).  Stationarity is now allowed 10× the sample's own residual."""
+    adjudicator).  Stationarity is allowed 10× the sample's own residual."""
     import importlib
 
     vc = importlib.import_module("verify.check")
@@ -286,7 +288,7 @@ def test_a_state_error_within_an_unconverged_solves_bound_is_not_a_layer_error(
     """``T(z) = 0.999z + b`` (c = 0.999): a tight solve stopped at relative residual 5e-9
     (accepted, ≤ 1e-8) leaves the state 5e-6 off (r/(1 − c)); that FAILed as "relative error
     … (layer vs reference)" (an fb case of the thorough fuzz, unconfirmed by the adjudicator).
-    It is now "equilibrium not accurate enough to compare" — verify's own limit."""
+    It is "equilibrium not accurate enough to compare" — verify's own limit."""
     import importlib
 
     from verify.report import EquilibriumInfo
@@ -339,7 +341,7 @@ def test_verify_numeric_reference_starts_inside_an_open_conjugate_domain() -> No
 def test_verify_minimizer_at_zero_is_not_failed_by_interior_point_noise() -> None:
     """``Σf_relu(z) + ½||z||²``: z* = 0 on z ≥ 0 with a zero multiplier (degenerate); Clarabel
     at gap 1e-11 lands 1.6e-6 away (interior points converge like sqrt(gap) there), a false
-    FAIL (relative error 1.6e-3).  The disagreeing CVXPY point is now polished by local
+    FAIL (relative error 1.6e-3).  The disagreeing CVXPY point is polished by local
     minimization from that point (not from the layer's) before comparing."""
     z = State("z1", (1, 2, 2))
     rep = verified(Objective([Potential("relu", z), SqNorm(z)]))
@@ -375,7 +377,7 @@ def test_verify_batch_coupled_objective_uses_the_batch_gradient() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rep = verify.check(d, x, starts=2)
-        # the second-order check now sees the batch problem (one function of all samples)
+        # the second-order check sees the batch problem (one function of all samples)
         assert rep.passed and rep.label == "local minimizer", rep
         assert max(s.stationarity for s in rep.samples) <= 1e-10
         wrong = dataclasses.replace(d, source=phi + ce.BatchDecorrelation(z) * 0.5)
@@ -407,7 +409,7 @@ def test_verify_unwraps_nested_precompositions_and_polishes_through_them() -> No
 
 def test_verify_polishes_an_inaccurate_cvxpy_solution_instead_of_failing() -> None:
     """``Σf_tanh(z) + ½||z||² − <c, z>``: Clarabel at gap 1e-11 ends 'optimal_inaccurate' (the
-    entropy cones); that was "reference solver failed".  The point is now polished by local
+    entropy cones); that was "reference solver failed".  The point is polished by local
     minimization and used only if it is stationary to the reference tolerance."""
     z = State("z1", 4)
     c = ce.Constant("c", np.random.default_rng(0).normal(size=4) * 3)

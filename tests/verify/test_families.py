@@ -1,11 +1,10 @@
-"""Must show 1, 2, 4 of the verify issue on random instance families (verify.families).
+"""verify on random instance families (verify.families):
 
-1. every convex family: ≥ 100 random instances, max relative error layer vs its docs/theory.md §9
-   reference
-   ≤ 1e-6 in float64 (CVXPY for every DCP-exportable family);
-2. GEQ (whole, patch-split) and MOptEq: verified as stationary points with residual ≤ 1e-8, never
-   labelled a (global) minimizer;
-4. ReLU OptEq: dℓ/dx of the emitted module (implicit backward) agrees with the cvxpylayers module
+- every convex family: ≥ 100 random instances, max relative error layer vs its docs/theory.md
+  §9 reference ≤ 1e-6 in float64 (CVXPY for every DCP-exportable family);
+- GEQ (whole, patch-split) and MOptEq: verified as stationary points with residual ≤ 1e-8, never
+  labelled a (global) minimizer;
+- ReLU OptEq: dℓ/dx of the emitted module (implicit backward) agrees with the cvxpylayers module
    (SCS eps 1e-10) to ≤ 1e-4.
 
 ``N_INSTANCES = 100``; ``CONVEX_EQ_FAST=1`` lowers it for local iteration only (CI runs 100).

@@ -7,7 +7,7 @@ convex, so Clarabel at a 1e-11 gap stops ~4e-5 away.  Verify could neither polis
 nor measure the layer's stationarity, because the lifted dual ``y`` (``z = Mᵀy``) was "not
 determined by z" for a non-injective ``Mᵀ``; it is: ``y(z)`` is the unique argmin of the inner
 problem of ``ψ*`` (verify/lifting.py ``Dual.argmin``).  Newton polishing at the kink of
-``σ̃*`` (leaky ReLU, ``y ≈ 0``) now uses the exact one-sided Hessian."""
+``σ̃*`` (leaky ReLU, ``y ≈ 0``) uses the exact one-sided Hessian."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _phi(m: int, n: int, slope: float, bias: bool = False) -> Objective:
 
 @pytest.mark.parametrize("m,n,slope", [(5, 3, 0.01), (6, 2, 0.001), (5, 4, 0.001), (4, 4, 0.001)])
 def test_the_captured_moreau_case_verifies(m: int, n: int, slope: float) -> None:
-    # (5, 3, 0.01) is the captured case; the others failed the same way before the fix
+    # (5, 3, 0.01) is the captured case; the others are other shapes of the same false FAIL
     # (wide and square M, slopes down to 1e-3: curvature ratio 1000 across the kink)
     d = lowering.lower(Objective([moreau(_phi(m, n, slope), 1 - ALPHA) * ALPHA]))
     rep = check(d, {}, starts=2)

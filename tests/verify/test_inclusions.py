@@ -1,4 +1,6 @@
-"""Monotone inclusions and saddle objectives lowered to splitting layers (docs/monotone.md)."""
+"""verify for inclusion layers (verify/inclusion.py): ``check_inclusion`` fails a layer of another
+inclusion, ``verify.check`` routes inclusion layers to it, and the CVXPY reference's retry of an
+inaccurate Clarabel stop loosens only the tight defaults, never a user's own tolerances."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import pytest
 
 from convex_eq import models
 from lowering import lower
+from verify import inclusion as vi
 from verify.inclusion import check_inclusion
+from verify.references import reference_solver_options
 
 
-# ---------------------------------------------------------------------------- verify fails
 def test_check_inclusion_fails_on_a_layer_of_another_inclusion():
     # the same weights (the layer reads them by name) but margin 0.8: another inclusion
     inc = models.mon(n=8, d=4, weight_scale=3.0, seed=4)
@@ -76,17 +79,13 @@ def test_an_inaccurate_clarabel_stop_is_solved_again_ten_times_looser(monkeypatc
 @pytest.mark.parametrize("tol", [1e-7, 1e-8])
 def test_the_inaccurate_retry_never_loosens_a_users_explicit_tolerances(
         monkeypatch: pytest.MonkeyPatch, tol: float) -> None:
-    """``verify.inclusion._solve`` retries a Clarabel ``optimal_inaccurate`` stop with
-    ``tol_gap_abs/tol_gap_rel/tol_feas`` multiplied by ten.  Its docstring justifies that as
-    "from the default 1e-11 to 1e-10, four orders of magnitude below any verify tolerance",
-    but ``reference_solver_options`` keeps a user's own Clarabel tolerances, so a user who asked
-    for 1e-7 gets a reference solved at 1e-6 — the verify tolerance itself — and one who asked
-    for 1e-8 gets 1e-7, silently (no note in the report, and ``optimal`` then reads as if the
-    requested accuracy had been met).  A retry must never be looser than what the user asked
-    (cap it at ``max(tol, 1e-10)``, or retry only from the tight defaults)."""
-    from verify import inclusion as vi
-    from verify.references import reference_solver_options
+    """``verify.inclusion._solve`` retries a Clarabel ``optimal_inaccurate`` stop at looser
+    tolerances; ``reference_solver_options`` keeps a user's own Clarabel tolerances, and the
+    retry must never be looser than what the user asked (at most ``max(tol, 1e-10)``).
 
+    Pins: the retry multiplied a user's 1e-7 by ten, solving the reference at 1e-6 — the verify
+    tolerance itself — silently (``optimal`` then read as if the requested accuracy had been
+    met)."""
     calls: list[dict] = []
     answers = [cp.OPTIMAL_INACCURATE, cp.OPTIMAL]
 

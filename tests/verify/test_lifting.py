@@ -1,5 +1,7 @@
-"""The lifted problem of verify reads each term's own domain box and lifting role
-(``Term.domain_box``, ``Term.lift_role``, ``Term.lift_prox``) instead of a type switch."""
+"""verify's lifted problem (verify/lifting.py): it reads each term's own domain box and lifting
+role (``Term.domain_box``, ``Term.lift_role``, ``Term.lift_prox``) instead of a type switch, takes
+a box in an affine argument in the coordinates where it is a box, and lifts the domains and
+nonsmooth terms that made the stationarity check or the references fail correct layers."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 
 import convex_eq as ce
 import lowering
+import verify
 from convex_eq import (
     L1,
     AntiderivativeConjugate,
@@ -101,13 +104,13 @@ def test_a_rank_deficient_map_is_not_substituted() -> None:
     assert [b.origin for b in p.blocks] == ["state"] and not p.substitutions
 
 
-# ----------------------------------------------------------------- verify/lifting.py
 @pytest.mark.parametrize("which", ["l1", "linf"])
 def test_verify_an_input_free_envelope_whose_lifted_problem_has_no_smooth_part(which: str) -> None:
-    """``M^μ[c·||z||₁]`` lifts to a prox term only: the stationarity residual took the autograd
-    gradient of a constant and raised an untyped RuntimeError (found by the thorough fuzz)."""
-    import verify
+    """``M^μ[c·||z||₁]`` lifts to a prox term only (no smooth part): verify passes it as a
+    minimizer.
 
+    Pins: the stationarity residual took the autograd gradient of a constant and raised an
+    untyped RuntimeError."""
     z = State("z", 4)
     inner = L1(z) * 0.3 if which == "l1" else ce.LinfBallIndicator(z, 0.5)
     phi = moreau(inner, 0.5) if which == "l1" else moreau(inner, 1.0) * 0.9
@@ -117,8 +120,10 @@ def test_verify_an_input_free_envelope_whose_lifted_problem_has_no_smooth_part(w
 
 
 def test_verify_linf_ball_is_a_box_in_the_stationarity_check() -> None:
-    """``−<c, z> + ι(||z||∞ ≤ 1)``: the layer and CVXPY agree (7e-11) but the independent
-    projected gradient ignored the ball (residual ||c|| ≈ 1.6 → false FAIL)."""
+    """``−<c, z> + ι(||z||∞ ≤ 1)``: the ball is a box of the lifted problem, so the projected
+    gradient at the layer's point is ~0 and verify passes.
+
+    Pins: the projected gradient ignored the ball (residual ||c|| ≈ 1.6: a false FAIL)."""
     rng = np.random.default_rng(0)
     z, x = State("z1", 4), Input("x", 3)
     U, b = Weight("U3", (4, 3), rng.normal(size=(4, 3))), Weight("b2", 4, rng.normal(size=4))
@@ -129,9 +134,12 @@ def test_verify_linf_ball_is_a_box_in_the_stationarity_check() -> None:
 
 @pytest.mark.parametrize("act", ["softplus", "clamp"])
 def test_verify_conjugate_antiderivative_domain_is_a_box(act: str) -> None:
-    """dom σ̃* = range of σ ((0, ∞) for softplus, [0, 1] for clamp) was not a box of the lifted
-    problem: the numeric reference stuck at the edge (rel. error 1.5e2) and the stationarity
-    check ignored the bound (residual ≈ 1.2) — both false FAILs."""
+    """dom σ̃* = range of σ ((0, ∞) for softplus, [0, 1] for clamp) is a box of the lifted
+    problem: the numeric reference and the stationarity check both respect it, and verify
+    passes.
+
+    Pins: the numeric reference stuck at the edge (relative error 1.5e2) and the stationarity
+    check ignored the bound (residual ≈ 1.2): two false FAILs."""
     rng = np.random.default_rng(0)
     z, x = State("z1", 4), Input("x", 3)
     U, b = Weight("U3", (4, 3), rng.normal(size=(4, 3))), Weight("b2", 4, rng.normal(size=4))
@@ -147,8 +155,11 @@ def test_verify_conjugate_antiderivative_domain_is_a_box(act: str) -> None:
 
 
 def test_verify_nonsmooth_conjugate_potential_is_a_prox_term_of_the_lifted_problem() -> None:
-    """f*_hardtanh(w) = |w| is nonsmooth: L-BFGS-B stalled (reference projected gradient 1.2)
-    and the stationarity check took a gradient of |·| (0.83) — "reference solver failed"."""
+    """f*_hardtanh(w) = |w| is nonsmooth: it is a prox term of the lifted problem, and verify
+    passes the layer.
+
+    Pins: L-BFGS-B stalled on it (reference projected gradient 1.2) and the stationarity check
+    took a gradient of |·| (0.83): "reference solver failed"."""
     rng = np.random.default_rng(0)
     z = State("z1", 4)
     c = ce.Constant("c", rng.normal(size=4) * 3)
@@ -158,8 +169,10 @@ def test_verify_nonsmooth_conjugate_potential_is_a_prox_term_of_the_lifted_probl
 
 
 def test_verify_point_conjugate_domain_stays_a_closed_box() -> None:
-    """f*_identity = ι{0}: moving the 'open' ends inside by 1e-12 made lo > hi and scipy raised
-    an untyped ValueError from verify.check (found by the thorough fuzz)."""
+    """f*_identity = ι{0}: its domain stays the closed box [0, 0] and verify passes.
+
+    Pins: moving the 'open' ends inside by 1e-12 made lo > hi and scipy raised an untyped
+    ValueError from verify.check."""
     z = State("z1", 3)
     rep = verified(ce.precompose(ce.PotentialConjugate("identity", z) + SqNorm(z),
                                   np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]))

@@ -345,7 +345,10 @@ def test_lemma12_broken_rules_fail(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_lemma2_converter_handles_a_zero_layer() -> None:
-    """Regression: a zero layer used to make W̄_(k+1) = 0 (the correction was scaled by 0)."""
+    """Lemma 2's converter on an MLP whose first layer is zero: the converted network still
+    reproduces it (``W̄_(k+1) = N_k`` of full row rank).
+
+    Pins: the correction was scaled by 0, making W̄_(k+1) = 0."""
     net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(),
                               torch.nn.Linear(2, 2)).double()
     with torch.no_grad():

@@ -1,6 +1,6 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""Deep compositions (lowering/rules/deep.py, Lemma 3 and Theorem 3 of docs/theory.md): the
+composition and multi-block forms of deep OptEq against the formula written out here, and the
+contraction each form claims."""
 
 from __future__ import annotations
 
@@ -53,11 +53,12 @@ def test_deep_opteq_composition_and_multiblock(L: int) -> None:
     assert d.claim.kind == ("minimizer" if L == 2 else "inclusion")
 
 
-# ----------------------------------------------------------------- lowering/rules/deep.py
 def test_multiblock_contraction_is_the_largest_layer_constant_not_the_product() -> None:
     """One application of the multi-block T moves each block through one layer, so its
-    Lipschitz constant is max_l Lip(f_l); the product (valid for the L-fold composition) was
-    reported and is violated."""
+    Lipschitz constant is max_l Lip(f_l) (checked on a pair of points); the composition form's
+    is the product.
+
+    Pins: the multi-block form reported the product, which a pair of points violates."""
     x = Input("x", 2)
     layers = []
     for i, s in enumerate((0.9, 0.3)):
@@ -75,6 +76,6 @@ def test_multiblock_contraction_is_the_largest_layer_constant_not_the_product() 
     num = torch.cat([t1[k] - t2[k] for k in ("z0", "z1")], 1).norm()
     den = torch.cat([z[k] - z2[k] for k in ("z0", "z1")], 1).norm()
     assert float(num / den) <= c + 1e-12
-    assert float(num / den) > 0.0729  # the old (product) bound was not a Lipschitz bound
+    assert float(num / den) > 0.0729  # the product is not a Lipschitz bound of this T
     comp = lowering.lower(DeepComposition(layers, 1.0), deep_form="composition")
     assert comp.contraction.value() == pytest.approx(0.81 * 0.09)  # composition: product

@@ -1,6 +1,7 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""The forward–backward rule (lowering/rules/forward_backward.py): a prox step on one prox-able
+term after a gradient step on the smooth rest, also when every term is smooth; negative
+multiples of prox-able terms are never taken as the prox term; an envelope whose inner objective
+reads an input is proxed with the input's values."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 import convex_eq as ce
 import lowering
+import verify
 from convex_eq import (
     L1,
     Input,
@@ -47,11 +49,13 @@ def test_forward_backward_with_only_smooth_terms_uses_one_as_the_prox_term() -> 
     assert not torch.allclose(zs, u)
 
 
-# ----------------------------------------------------------------- lowering/rules/common.proxable
 @pytest.mark.parametrize("neg", ["l1", "potential"])
 def test_negative_multiple_of_a_proxable_term_is_not_lowered_as_a_prox_step(neg: str) -> None:
-    """−||z||₁ or −Σf_σ(z) as the 'prox-able' term of the forward–backward rule: ``Term.prox``
-    refuses a negative coefficient, so the derived T raised ScaleError on every evaluation."""
+    """−||z||₁ or −Σf_σ(z) (``Term.prox`` refuses a negative coefficient) is not taken as the
+    prox term: the objective is refused at lowering, naming it.
+
+    Pins: such a term was taken as the prox term, and the derived T raised ScaleError on every
+    evaluation."""
     z = State("z", 3)
     t = L1(z) * -1.0 if neg == "l1" else Potential("tanh", z) * -1.0
     obj = Objective([t, SqNorm(Dense(Weight("W", (3, 3), 0.5 * np.eye(3))) @ z)])
@@ -61,6 +65,7 @@ def test_negative_multiple_of_a_proxable_term_is_not_lowered_as_a_prox_step(neg:
 
 
 def test_negative_l1_in_canonical_form_is_not_an_extra_prox() -> None:
+    """The canonical form with an extra ``−0.1·||z||₁``: refused at lowering, not proxed."""
     z = State("z", 3)
     obj = Objective([Potential("relu", z), SqNorm(z), L1(z) * -0.1,
                      SqNorm(Dense(Weight("W", (3, 3), 0.5 * np.eye(3))) @ z) * -1.0])
@@ -68,13 +73,12 @@ def test_negative_l1_in_canonical_form_is_not_an_extra_prox() -> None:
         lowering.lower(obj)
 
 
-# ----------------------------------------------------------------- lowering/nodes.py
 def test_prox_of_an_envelope_whose_inner_objective_reads_an_input() -> None:
-    """M¹[c||z||₁ + <Ux, z>] as the prox term of forward–backward: the Prox node called the
-    envelope's prox without the input values, so T raised "no value given for input 'x'"
-    (found by the thorough fuzz after the all-smooth forward–backward rule)."""
-    import verify
+    """M¹[c||z||₁ + <Ux, z>] as the prox term of forward–backward: T evaluates (the Prox node
+    passes the input values to the envelope's prox) and verify passes the layer.
 
+    Pins: the Prox node called the envelope's prox without the input values, and T raised "no
+    value given for input 'x'"."""
     rng = np.random.default_rng(0)
     z, x = State("z1", 4), Input("x", 3)
     U = Weight("U3", (4, 3), rng.normal(size=(4, 3)))

@@ -1,6 +1,8 @@
-"""Lowering: derived T vs hand-written docs/theory.md formulas, derivation text, backward modes,
-solvers, converter, SAM, emitted-module behaviour.  References are written here from
-docs/theory.md directly."""
+"""The Moreau-skip rule (lowering/rules/moreau_skip.py): ``λ·M^μ[φ]`` lowers to a skip of the
+prox of ``φ`` (and a precomposed objective to ``A⁻¹T(Az)``), checked against the closed forms;
+where ``prox_{(μ+λ)φ}`` or the inner prox is not available the objective is refused or falls
+back to the gradient step, and the claimed Lipschitz bound holds for weakly convex inner
+functions."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ T64 = torch.float64
 
 
 def test_moreau_skip_and_precomposition() -> None:
+    """``0.3·M^0.7[φ]`` is ``0.3·prox_φ + 0.7·id``; ``φ∘(Az + c)`` is ``A⁻¹(T(Az + c) − c)``
+    (not a prox); both against closed forms (1e-10: float64 solves of a 5×5 system)."""
     phi = relu_phi()
     z_v, x = randn(4, 6), randn(4, 3)
     d = lowering.lower(0.3 * ce.moreau(phi, 0.7))
@@ -44,10 +48,11 @@ def test_moreau_skip_and_precomposition() -> None:
     assert "not a prox" in dp.derivation.text()
 
 
-# ----------------------------------------------------------------- lowering/rules/moreau_skip.py
 def test_moreau_general_rule_refuses_an_inner_objective_without_closed_form_prox() -> None:
-    """μ + λ ≠ 1 needs prox_{(μ+λ)φ} in closed form; for φ = ψ* − ½||·||² ``lower`` used to
-    derive a layer whose T raised LoweringError on every evaluation."""
+    """μ + λ ≠ 1 needs prox_{(μ+λ)φ} in closed form: for φ = ψ* − ½||·||² the objective is
+    refused at lowering; a prox-able inner objective lowers and T evaluates.
+
+    Pins: ``lower`` derived a layer whose T raised LoweringError on every evaluation."""
     phi, z, _x = theorem1()
     with pytest.raises(ce.LoweringError, match="no prox_") as err:
         lowering.lower(Objective([moreau(phi, 0.3) * 0.5]))
@@ -63,7 +68,10 @@ def test_moreau_general_rule_refuses_an_inner_objective_without_closed_form_prox
 
 def test_envelope_used_through_its_gradient_needs_the_inner_prox() -> None:
     """∇M^μ_φ = (v − prox_{μφ}(v))/μ: with φ = ||z||₁ − ½||z||² and μ ≥ 1, prox_{μφ} does not
-    exist (the envelope is −∞); ``lower`` derived a canonical layer whose T raised."""
+    exist (the envelope is −∞) and the objective is refused naming the envelope; a regularizer
+    edit whose prox variant would need it falls back to the gradient step.
+
+    Pins: ``lower`` derived a canonical layer whose T raised."""
     z = State("z", 3)
     env = moreau(Objective([L1(z) * 0.5, -SqNorm(z)]), 1.4) * 0.05
     obj = Objective([Potential("relu", z), SqNorm(z), env,
@@ -80,10 +88,11 @@ def test_envelope_used_through_its_gradient_needs_the_inner_prox() -> None:
                                    "x": torch.randn(2, 2, dtype=T64)})["z"]).all()
 
 
-# ----------------------------------------------------------------- lowering/rules/moreau_skip.py
 def test_general_envelope_rule_of_a_weakly_convex_inner_function_bounds_lip_honestly() -> None:
-    """``0.25·M^0.5[||z||₁ − ½||z||²]`` claimed "prox of a convex function is nonexpansive"
-    (Lip 1); T expands by up to a/(1 + tq) + 1 − a = 2 (found by the thorough fuzz)."""
+    """``0.25·M^0.5[||z||₁ − ½||z||²]``: T expands by up to a/(1 + tq) + 1 − a = 2, the bound
+    the layer claims, and a pair of points past the kink expands by more than 1.
+
+    Pins: the layer claimed "prox of a convex function is nonexpansive" (Lip 1)."""
     z = State("z1", 1)
     d = lowering.lower(moreau(L1(z) - SqNorm(z), ce.Scalar("mu2", 0.5)) * 0.25)
     bound = d.contraction.value(None)
