@@ -21,9 +21,8 @@ T64 = torch.float64
 @pytest.mark.parametrize("act", [nn.ReLU, nn.Tanh])
 @pytest.mark.parametrize("widths", [(5, 7, 3), (4, 9, 9, 6, 2), (10, 3), (3, 16, 8, 8, 8, 1)])
 def test_converter_reproduces_mlps(act: type, widths: tuple[int, ...]) -> None:
-    """The module reproduces the MLP (1e-5 on float64 outputs of order 1: the equilibrium solve's
-    tolerance) and each hidden layer is ``μ_k·prox_{φ_k}`` of the previous one (1e-10: closed
-    forms)."""
+    """The module reproduces the MLP (within 1e-5) and each hidden layer is ``μ_k·prox_{φ_k}``
+    of the previous one (within 1e-10)."""
     torch.manual_seed(sum(widths))
     layers: list[nn.Module] = []
     for i in range(len(widths) - 1):

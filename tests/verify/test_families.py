@@ -1,7 +1,7 @@
 """verify on random instance families (verify.families):
 
-- every convex family: ≥ 100 random instances, max relative error layer vs its docs/theory.md
-  §9 reference ≤ 1e-6 in float64 (CVXPY for every DCP-exportable family);
+- every convex family: ≥ 100 random instances, max relative error layer vs its reference
+  (docs/theory.md §9) ≤ 1e-6 in float64 (CVXPY for every DCP-exportable family);
 - GEQ (whole, patch-split) and MOptEq: verified as stationary points with residual ≤ 1e-8, never
   labelled a (global) minimizer;
 - ReLU OptEq: dℓ/dx of the emitted module (implicit backward) agrees with the cvxpylayers module

@@ -16,8 +16,8 @@ T64 = torch.float64
 
 
 def test_cvxpylayers_backend_matches_fixed_point_module() -> None:
-    """Output (1e-6: SCS at eps 1e-10 against a fixed point at 1e-12) and input gradient (1e-4
-    relative: the conic solve's differentiation is less accurate than its solution)."""
+    """The output (within 1e-6) and the input gradient (within 1e-4 relative) of the conic solve
+    equal the fixed-point module's."""
     d = lowering.lower(models.opteq(n=6, m=8, d=3, form="conjugate", seed=3))
     fp = d.torch_module(tol=1e-12, max_iter=500, dtype=T64)
     cl = d.torch_module(backend="cvxpylayers")

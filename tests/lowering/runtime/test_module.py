@@ -332,8 +332,8 @@ def test_expansive_layer_never_reports_a_non_fixed_point_as_converged(solver, dt
 
 def test_mask_mode_drops_only_the_failing_sample():
     """A NaN input in sample 3 under mask mode: that row is NaN, the others equal the clean
-    batch's (1e-6: float32 solves at their default tol of 1e-6), and the gradient of the kept
-    samples is finite."""
+    batch's (to 1e-6), only sample 3 is reported failed, and the gradient of the kept samples is
+    finite."""
     d, x, bad = nan_batch()
     m = d.torch_module(on_nonconvergence="mask")
     ref = m(x).detach()

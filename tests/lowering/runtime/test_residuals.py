@@ -1,10 +1,11 @@
-"""The solvers' residual and convergence flags (lowering/solvers.py ``Tracker``, docs/theory.md
-§8): the relative residual ``||f(z) − z|| / max(||f(z)||, 1e-30)``, a stop accepted on cheap
-plain norms only where they are provably exact enough (else recomputed exactly), the first
-record's scale check, the lean record of later iterations, and flags that never call a point
-converged whose exact residual misses ``tol`` — at float32 and float64 extremes, under
-flush-to-zero, with overflowing norms, and wherever the solve ends.  Each shortcut decides what
-the exact form decides, and each test that guards one is shown to fail on a broken rule."""
+"""The solvers' residual and convergence flags (lowering/solvers.py ``Tracker``;
+docs/theory.md §8): the relative residual ``||f(z) − z|| / max(||f(z)||, 1e-30)``, a stop
+accepted on cheap plain norms only where they are provably exact enough (else recomputed
+exactly), the first record's scale check, the lean record of later iterations, and flags that
+never call a point converged whose exact residual misses ``tol`` — at float32 and float64
+extremes, under flush-to-zero, with overflowing norms, and wherever the solve ends.  Each
+shortcut decides what the exact form decides, and each test that guards one is shown to fail on
+a broken rule."""
 
 from __future__ import annotations
 
