@@ -42,15 +42,19 @@ class Checksums:
         """``name → key`` for every tensor, one host synchronisation for all."""
         if not tensors:
             return {}
-        with torch.no_grad():
-            sums = []
-            for t in tensors.values():
-                flat = t.detach().reshape(-1)
-                if flat.dtype in _HALF:
-                    flat = flat.float()
-                sums.append(torch.dot(flat, self._weights(flat)) if flat.numel()
-                            else flat.new_zeros(()))
-            values = torch.stack([s.to(torch.float64) for s in sums]).tolist()
+        sums = []
+        for t in tensors.values():
+            flat = t.detach().reshape(-1)  # (detached: no graph, no grad-mode switch)
+            if flat.dtype in _HALF:
+                flat = flat.float()
+            sums.append(torch.dot(flat, self._weights(flat)) if flat.numel()
+                        else flat.new_zeros(()))
+        if len(sums) == 1:
+            values = [sums[0].item()]
+        else:
+            dt = sums[0].dtype
+            same = all(s.dtype == dt for s in sums)
+            values = torch.stack(sums if same else [s.double() for s in sums]).tolist()
         return {n: (tuple(t.shape), t.dtype, t.device, v)
                 for (n, t), v in zip(tensors.items(), values)}
 
