@@ -29,7 +29,7 @@ def _layer() -> lowering.DerivedLayer:
     z, x = State("z", 6), Input("x", 4)
     w0 = np.random.default_rng(0).normal(size=(6, 6))
     w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * 0.97)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) - 0.5)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) - 0.5)
     return lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z))
 
 
@@ -99,7 +99,7 @@ def test_weight_control_sees_writes_through_data() -> None:
     product, far below the 2.1 the stale pair gave)."""
     z, x = State("z", 6), Input("x", 4)
     w = Weight("W", (6, 6), np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0] * 0.5)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     m = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z)
                        ).torch_module(dtype=F64)
     m(_inputs()[:3])  # the pair of the declared W is cached
@@ -154,7 +154,7 @@ def _controlled(norm: float) -> tuple[torch.nn.Module, torch.Tensor, torch.Tenso
     z, x = State("z", 6), Input("x", 4)
     w0 = np.random.default_rng(0).normal(size=(6, 6))
     w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * norm)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "weight control rescales 'W'" (norm > 1)
         m = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z)
@@ -311,7 +311,7 @@ def test_project_mode_two_calls_in_one_loss(dtype: torch.dtype) -> None:
         z, x = State("z", 6), Input("x", 4)
         w0 = np.random.default_rng(seed).normal(size=(6, 6))
         w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * 1.5)
-        u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+        u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
         layer = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -403,7 +403,7 @@ def test_norm_condition_on_a_constant(learnable: bool) -> None:
     z, x = State("z", 6), Input("x", 4)
     c0 = np.random.default_rng(0).normal(size=(6, 6))
     cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     layer = lowering.lower(Antiderivative("relu", cmat @ z + u @ x + b).conjugate() - SqNorm(z))
     assert "||C||₂ ≤ 1" in str(layer.certificate)
     m = layer.torch_module(dtype=F64, learnable_constants=learnable)
@@ -455,7 +455,7 @@ def test_classifier_settings_on_a_constant_condition() -> None:
     z, x = State("z", 6), Input("x", 4)
     c0 = np.random.default_rng(0).normal(size=(6, 6))
     cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     fixed = lowering.lower(Antiderivative("relu", cmat @ z + u @ x + b).conjugate() - SqNorm(z))
     assert TrainingSettings().module_options(fixed)["weight_control"] is None
     fixed.torch_module(**TrainingSettings().module_options(fixed))
