@@ -50,7 +50,7 @@ def check_options(objective: Any, options: Mapping[str, Any]) -> None:
                                   hint=f"{name} is one of {', '.join(map(repr, valid))}")
         elif not (isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value) and value > 0):
-            raise OptionError(f"{name}={value!r} is not a valid value", term="lower",
+            raise OptionError(f"{name}={value!r} is not a valid value (the step τ)", term="lower",
                               hint=f"{name} is {valid}")
     if "deep_form" in options and not isinstance(objective, DeepComposition):
         raise OptionError(f"deep_form applies to a DeepComposition only (got a "
