@@ -19,9 +19,9 @@ from convex_eq.terms.base import Condition
 from ..derived import DerivedLayer
 from ..nodes import Coef, Combo, Named, Node, ScalarCoef, Substitute, Var
 from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
-from .base import LowerContext, Match, Payload
+from .base import DEEP_FORMS, LowerContext, Match, Payload
 
-FORMS = ("composition", "multiblock")
+FORMS = DEEP_FORMS
 
 
 @dataclass(frozen=True)

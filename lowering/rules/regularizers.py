@@ -21,10 +21,10 @@ from convex_eq.terms.moreau import MoreauEnvelope
 from ..derived import DerivedLayer
 from ..nodes import Combo, GradSum, Prox, Substitute, Var
 from ..trace import Claim, ClaimKind, Contraction, Step
-from .base import Payload
+from .base import REGULARIZER_VARIANTS, Payload
 from .common import certificate, envelope_problem, proxable
 
-VARIANTS = ("auto", "prox", "gradient")
+VARIANTS = REGULARIZER_VARIANTS
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def uneven_relu_layer() -> lowering.DerivedLayer:
     z, x = State("z", 6), Input("x", 4)
     w0 = np.random.default_rng(0).normal(size=(6, 6))
     w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * 0.97)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) - 0.5)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) - 0.5)
     return lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z))
 
 
@@ -82,7 +82,7 @@ def controlled_layer(norm: float) -> tuple[torch.nn.Module, torch.Tensor, torch.
     z, x = State("z", 6), Input("x", 4)
     w0 = np.random.default_rng(0).normal(size=(6, 6))
     w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * norm)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "weight control rescales 'W'" (norm > 1)
         m = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z)

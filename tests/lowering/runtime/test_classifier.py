@@ -98,7 +98,7 @@ def test_classifier_settings_on_a_constant_condition() -> None:
     z, x = State("z", 6), Input("x", 4)
     c0 = np.random.default_rng(0).normal(size=(6, 6))
     cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     fixed = lowering.lower(Antiderivative("relu", cmat @ z + u @ x + b).conjugate() - SqNorm(z))
     assert TrainingSettings().module_options(fixed)["weight_control"] is None
     fixed.torch_module(**TrainingSettings().module_options(fixed))

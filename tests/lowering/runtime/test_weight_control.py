@@ -149,7 +149,7 @@ def test_weight_control_sees_writes_through_data() -> None:
     with ``||W_eff||₂ = 3.1`` against the certified 0.99."""
     z, x = State("z", 6), Input("x", 4)
     w = Weight("W", (6, 6), np.linalg.qr(np.random.default_rng(0).normal(size=(6, 6)))[0] * 0.5)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     m = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z)
                        ).torch_module(dtype=F64)
     m(uneven_inputs()[:3])  # the pair of the declared W is cached
@@ -202,7 +202,7 @@ def test_project_mode_two_calls_in_one_loss(dtype: torch.dtype) -> None:
         z, x = State("z", 6), Input("x", 4)
         w0 = np.random.default_rng(seed).normal(size=(6, 6))
         w = Weight("W", (6, 6), w0 / np.linalg.norm(w0, 2) * 1.5)
-        u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+        u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
         layer = lowering.lower(Antiderivative("relu", w @ z + u @ x + b).conjugate() - SqNorm(z))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -244,7 +244,7 @@ def test_norm_condition_on_a_constant(learnable: bool) -> None:
     z, x = State("z", 6), Input("x", 4)
     c0 = np.random.default_rng(0).normal(size=(6, 6))
     cmat = Constant("C", c0 / np.linalg.norm(c0, 2) * 0.9)
-    u, b = Weight("U", (6, 4)), Weight("b", 6, np.zeros(6) + 0.1)
+    u, b = Weight("U", (6, 4), seed=0), Weight("b", 6, np.zeros(6) + 0.1)
     layer = lowering.lower(Antiderivative("relu", cmat @ z + u @ x + b).conjugate() - SqNorm(z))
     assert "||C||₂ ≤ 1" in str(layer.certificate)
     m = layer.torch_module(dtype=F64, learnable_constants=learnable)
