@@ -5,7 +5,8 @@ weights' bits are unchanged (docs/guide.md, "Caches and in-place writes").
 ``W.data.mul_(2)`` under ``no_grad``, as optimisers and weight-surgery code do) changes neither,
 and a cache keyed on them keeps answering for the old weights.  :func:`content_key` adds a
 checksum of the bits: a linear hash modulo ``2⁶⁴`` of the tensor's raw bit patterns against a
-fixed pseudo-random odd weighting.
+fixed pseudo-random odd weighting.  :func:`checksums` is the cheaper floating-point variant for
+per-call checks (finiteness, and caches whose entries stay valid for tiny changes).
 """
 
 from __future__ import annotations
@@ -100,3 +101,49 @@ def content_key(*tensors: torch.Tensor) -> tuple | None:
     checksums: dict[str, list[int]] = {d: torch.stack(s).tolist() for d, s in sums.items()}
     order = {d: iter(c) for d, c in checksums.items()}
     return tuple((*m, next(order[m[2]])) for m in meta)
+
+
+_HALF = ("float16", "bfloat16")
+#: the floating weightings of :func:`checksums` per (length, dtype, device)
+_FLOAT_WEIGHTINGS: OrderedDict[tuple[int, Any, str], Any] = OrderedDict()
+
+
+def _float_weighting(n: int, dtype: Any, device: Any) -> torch.Tensor:
+    key = (n, dtype, str(device))
+    r = _FLOAT_WEIGHTINGS.get(key)
+    if r is None:
+        g = torch.Generator().manual_seed(0x5EED + n)
+        # in [1, 2): no weight is 0, so a change of any single entry moves the sum
+        with torch.inference_mode(False):
+            r = (1.0 + torch.rand(n, generator=g, dtype=torch.float64)).to(dtype=dtype,
+                                                                              device=device)
+        _FLOAT_WEIGHTINGS[key] = r
+        if len(_FLOAT_WEIGHTINGS) > _MAX_WEIGHTINGS:
+            _FLOAT_WEIGHTINGS.popitem(last=False)
+    return r
+
+
+def checksums(tensors: Any) -> list[float]:
+    """``Σ_i t_i r_i`` per tensor (``r`` a fixed pseudo-random weighting in ``[1, 2)``), one host
+    synchronisation for all: a cheap key of a floating tensor's values.
+
+    Guarantee: non-finite exactly when an entry is NaN or Inf (or the sum overflows: confirm
+    with ``torch.isfinite`` before reporting); changes with every write that moves the weighted
+    sum beyond its rounding (a change of one entry by a relative ``δ`` registers when ``δ``
+    exceeds about the dtype's epsilon times the sum's condition); unlike :func:`content_key`
+    it can miss changes at the last bits.  Cost: one dot product per tensor in its own dtype
+    (float32 for half precision)."""
+    sums = []
+    for t in tensors:
+        flat = t.detach().reshape(-1)  # (detached: no graph, no grad-mode switch)
+        if str(flat.dtype).rpartition(".")[2] in _HALF:
+            flat = flat.float()
+        sums.append(torch.dot(flat, _float_weighting(flat.numel(), flat.dtype, flat.device))
+                    if flat.numel() else flat.new_zeros(()))
+    if not sums:
+        return []
+    if len(sums) == 1:
+        return [sums[0].item()]
+    dt = sums[0].dtype
+    same = all(s.dtype == dt for s in sums)
+    return torch.stack(sums if same else [s.double() for s in sums]).tolist()

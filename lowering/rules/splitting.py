@@ -32,7 +32,7 @@ from convex_eq.symbols import Env
 from convex_eq.tensor_keys import content_key
 
 from ..derived import DerivedLayer
-from ..nodes import _PARTIAL, Node, Var, Z_t
+from ..nodes import Node, Var, Z_t, solve_cache
 from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
 from .base import LowerContext, Match, Payload
 from .common import no_prox
@@ -64,7 +64,7 @@ def _env_key(syms: list[Any], env: Env | None) -> tuple | None:
             tensors.append(t)
         else:
             rest.append((s.name, t))
-    solve = _PARTIAL.get()
+    solve = solve_cache()
     memo = ("splitting weights key", *map(id, tensors))
     if solve is not None and memo in solve:
         contents = solve[memo]
