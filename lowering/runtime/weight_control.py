@@ -251,15 +251,22 @@ class WeightControl:
         pair, below = self.measure(op, name, env, key, target)
         if below or pair.sigma <= target:
             return p
+        sigma = target
         with torch.no_grad():
             p.mul_(target / pair.sigma)
             for k in range(8 if p.dtype in _HALF else 0):
                 # the in-place product is rounded to the half dtype: measured (and shrunk by a
                 # growing extra step, see _scaled_below)
-                sig_h = self._rounded_norm(op, name, env, p)
-                if sig_h <= target:
+                sigma = self._rounded_norm(op, name, env, p)
+                if sigma <= target:
                     break
-                p.mul_(target / sig_h * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
+                p.mul_(target / sigma * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
+        # the projected version's norm is the target (σ(s·W) = s·σ(W)): recorded under its own
+        # key, so that the next forward does not project it again for a rounding (it would
+        # write into a parameter an earlier forward's graph still holds)
+        key = self.checksums.keys({name: p})[name]
+        self.measured[name] = (key, TopPair(min(sigma, target), pair.u, pair.v, pair.exact),
+                               False)
         return p
 
     def _rounded_norm(self, op: Any, name: str, env: dict, value: torch.Tensor) -> float:

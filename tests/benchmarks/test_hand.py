@@ -10,8 +10,8 @@ from benchmarks.hand import done
 
 def test_hand_stop_test_is_the_module_decision() -> None:
     """``benchmarks.hand.done`` decides as the float64 residual compared with the unrounded
-    ``tol`` (the module's rule, :func:`lowering.solvers._meets`), zero-norm samples included
-    (0/0 must never read as done; 0 − 0 over the floor reads 0, done)."""
+    ``tol`` (the module's rule, :func:`lowering.runtime.solvers.stats.meets`), zero-norm
+    samples included (0/0 must never read as done; 0 − 0 over the floor reads 0, done)."""
     g = torch.Generator().manual_seed(0)
     for trial in range(200):
         fz = torch.randn(6, 8, generator=g)

@@ -208,7 +208,7 @@ def test_torchdeq_side_is_the_same_layer(use_plan: bool, monkeypatch: pytest.Mon
     import lowering
     from benchmarks.train import TorchDEQClassifier
     from convex_eq_app.demo import DemoConfig, objectives
-    from lowering.classifier import EquilibriumClassifier, TrainingSettings
+    from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
     demo = DemoConfig.quick_config()
     derived = lowering.lower(objectives(demo)["OptEq"])
@@ -217,7 +217,9 @@ def test_torchdeq_side_is_the_same_layer(use_plan: bool, monkeypatch: pytest.Mon
     model = EquilibriumClassifier(derived, settings, pool=demo.pool, pooled=demo.pooled)
     deq = TorchDEQClassifier(copy.deepcopy(model), 1e-10, 400, 1e-10, 800)
     if not use_plan:
-        monkeypatch.setattr(type(derived.nodes["z"]), "plan", lambda self, ctx: None)
+        from lowering.runtime.plan import PLANNERS
+
+        monkeypatch.setitem(PLANNERS, type(derived.nodes["z"]), lambda node, ctx: None)
     x = torch.randn(8, 1, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     y = torch.arange(8) % 10
     grads = []

@@ -9,8 +9,8 @@ import torch
 import lowering
 from convex_eq import models
 from convex_eq.errors import LoweringError, ShapeError
-from lowering.classifier import EquilibriumClassifier
 from lowering.perturbation import cascade
+from lowering.runtime.classifier import EquilibriumClassifier
 
 T64 = torch.float64
 

@@ -14,8 +14,9 @@ import torch
 import lowering
 from benchmarks.common import qp_objective, qp_weight
 from convex_eq.models import opteq
-from lowering import plan as pl
 from lowering.nodes import GradSum
+from lowering.runtime.plan import plans as pl
+from lowering.runtime.plan.gradsum import recipe_of
 from tests.lowering.runtime.helpers import qp_module_64
 
 
@@ -91,10 +92,11 @@ def test_a_term_that_writes_into_the_placeholder_does_not_poison_the_next_call()
     mod = qp_module_64()
     node = mod.derived.nodes["z"].inner
     like = torch.zeros(1, dtype=torch.float64)
-    zero = node._zeros(64, like)
-    assert node._zeros(64, like) is zero
+    recipe = recipe_of(node)
+    zero = recipe.zero_arg(64, like)
+    assert recipe.zero_arg(64, like) is zero
     zero.add_(1.0)
-    fresh = node._zeros(64, like)
+    fresh = recipe.zero_arg(64, like)
     assert fresh is not zero and not bool(fresh.any())
 
 
@@ -115,30 +117,29 @@ def _grad_sums(nodes: dict) -> list[GradSum]:
     return out
 
 
-def test_a_node_tree_pickled_with_a_recipe_without_bilinear_functions_still_plans(
+def test_a_node_tree_pickled_with_planning_state_still_plans(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``plan()`` calls the 5th slot of each ``GradSum._recipe_cache`` entry
-    (``off(ctx.values, env)``).  A node tree pickled with that cache kept and a bilinear entry's
-    slot None (a ``__getstate__`` that did not drop the cache) is restored and plans: the module
-    built on it gives the original's output.  Such a pickle is reproduced exactly: that
-    instance dictionary and that ``__getstate__``.
+    """A node tree pickled with planning caches in its instances (a ``_recipe_cache`` whose
+    bilinear entries hold no function, ``_zero_args``, ``_gram_facts``, the former name
+    ``_plan`` of the evaluation plan), as a pickle made before planning moved to the runtime's
+    planner table holds them, is restored and plans: the module built on it gives the
+    original's output.
 
     Pins: the first plan of such a tree raised ``TypeError: 'NoneType' object is not
     callable``."""
     layer = lowering.lower(qp_objective(qp_weight(64, norm=0.9, seed=0)))
     mod = layer.torch_module(weight_control=None)
     x = torch.randn(8, 64)
-    ref = mod(x)  # fills the recipe cache
+    ref = mod(x)
     sums = _grad_sums(layer.nodes)
-    assert sums and all("_recipe_cache" in s.__dict__ for s in sums)
-    for s in sums:  # that layout's recipe: no function for a bilinear term
-        s._recipe_cache = [(k, t, c, a, None if k == "bilinear" else off)
-                           for k, t, c, a, off in s._recipe_cache]
+    assert sums
 
     def old_getstate(self: GradSum) -> dict:
         state = self.__dict__.copy()
-        for key in ("_zero_args", "_gram_facts", "_gram"):
-            state.pop(key, None)
+        state["_plan"] = state.pop("eval_plan")
+        state["_recipe_cache"] = [("bilinear", None, None, 0, None)]
+        state["_zero_args"] = {}
+        state.pop("gram_forms", None)
         return state
 
     monkeypatch.setattr(GradSum, "__getstate__", old_getstate)
@@ -147,6 +148,8 @@ def test_a_node_tree_pickled_with_a_recipe_without_bilinear_functions_still_plan
 
     other = copy.copy(layer)
     other.nodes = pickle.loads(blob)
+    assert all(not hasattr(s, "_recipe_cache") and hasattr(s, "eval_plan")
+               for s in _grad_sums(other.nodes))
     mod2 = other.torch_module(weight_control=None)
     mod2.load_state_dict(mod.state_dict())
     torch.testing.assert_close(mod2(x), ref)
@@ -174,9 +177,9 @@ def _grad_sums_of_layer(layer) -> list:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_a_copied_layer_keeps_its_gram_forms(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``GradSum._gram`` is keyed by ``id(term)``.  A copy of the derived layer (``copy.deepcopy``,
-    or a pickle of the node tree) has new term objects: its keys must be theirs, and the copy
-    plans the Gram matrix as the original does.
+    """``GradSum.gram_forms`` is keyed by ``id(term)``.  A copy of the derived layer
+    (``copy.deepcopy``, or a pickle of the node tree) has new term objects: its keys must be
+    theirs, and the copy plans the Gram matrix as the original does.
 
     Pins: with the original's ids the copy silently lost the Gram plan (``Aᵀ(A·)`` at every
     iteration instead of the ``n×n`` matrix); a later object reusing a freed term's id could
@@ -188,11 +191,11 @@ def test_a_copied_layer_keeps_its_gram_forms(how: str, monkeypatch: pytest.Monke
         other = copy.copy(layer)
         other.nodes = pickle.loads(pickle.dumps(layer.nodes))
     sums = _grad_sums_of_layer(other)
-    assert sums and any(s._gram for s in _grad_sums_of_layer(layer))
+    assert sums and any(s.gram_forms for s in _grad_sums_of_layer(layer))
     for s in sums:
-        assert set(s._gram) <= {id(t) for t in s.terms}
-        assert len(s._gram) == len(next(o for o in _grad_sums_of_layer(layer)
-                                        if o.block.name == s.block.name)._gram)
+        assert set(s.gram_forms) <= {id(t) for t in s.terms}
+        assert len(s.gram_forms) == len(next(o for o in _grad_sums_of_layer(layer)
+                                             if o.block.name == s.block.name).gram_forms)
     made: list[str] = []
     orig = pl.Matrix.__init__
 

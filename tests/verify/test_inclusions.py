@@ -12,8 +12,8 @@ import pytest
 
 from convex_eq import models
 from lowering import lower
-from verify.references import inclusion as vi
 from verify.inclusion import check_inclusion
+from verify.references import inclusion as vi
 from verify.references import reference_solver_options
 
 
@@ -43,9 +43,9 @@ def test_verify_check_routes_inclusion_layers():
 
 
 def test_an_inaccurate_clarabel_stop_is_solved_again_ten_times_looser(monkeypatch):
-    """verify.references.inclusion._solve: Clarabel's ``optimal_inaccurate`` at the tight default is solved
-    once more with gap and feasibility tolerances ten times looser; other statuses and other
-    solvers are returned as they are."""
+    """verify.references.inclusion._solve: Clarabel's ``optimal_inaccurate`` at the tight
+    default is solved once more with gap and feasibility tolerances ten times looser; other
+    statuses and other solvers are returned as they are."""
     import cvxpy as cp
 
     from verify.references import inclusion as vi
@@ -79,8 +79,8 @@ def test_an_inaccurate_clarabel_stop_is_solved_again_ten_times_looser(monkeypatc
 @pytest.mark.parametrize("tol", [1e-7, 1e-8])
 def test_the_inaccurate_retry_never_loosens_a_users_explicit_tolerances(
         monkeypatch: pytest.MonkeyPatch, tol: float) -> None:
-    """``verify.references.inclusion._solve`` retries a Clarabel ``optimal_inaccurate`` stop at looser
-    tolerances; ``reference_solver_options`` keeps a user's own Clarabel tolerances, and the
+    """``verify.references.inclusion._solve`` retries a Clarabel ``optimal_inaccurate`` stop at
+    looser tolerances; ``reference_solver_options`` keeps a user's own Clarabel tolerances, and the
     retry must never be looser than what the user asked (at most ``max(tol, 1e-10)``).
 
     Pins: the retry multiplied a user's 1e-7 by ten, solving the reference at 1e-6 — the verify

@@ -55,7 +55,7 @@ def test_deep_composition_certificate_names_every_layer_weight() -> None:
     # the claim states the same hypotheses
     assert all(t in d.claim.conditions for t in texts)
     # weight control sees each condition once (certificate and payload list the same objects)
-    from lowering.weight_control import norm_conditions
+    from lowering.runtime.weight_control import norm_conditions
     assert len(norm_conditions(d)) == 3
 
 

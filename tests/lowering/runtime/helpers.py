@@ -23,7 +23,7 @@ from convex_eq import (
     models,
 )
 from convex_eq.models import opteq
-from lowering.solvers import SolverStats, exact_rel_residual
+from lowering.runtime.solvers import SolverStats, exact_rel_residual
 
 F64 = torch.float64
 

@@ -21,8 +21,10 @@ import torch
 import lowering
 from convex_eq import models
 from convex_eq.errors import ConvergenceError
-from lowering import solvers
-from lowering.solvers import get_solver
+from lowering.runtime import solvers
+from lowering.runtime.guards import inputs_of
+from lowering.runtime.solvers import get_solver
+from lowering.runtime.solvers.stall_guard import StallGuard
 from tests.lowering.helpers import GEN, decoupled_inclusion
 from tests.lowering.runtime.helpers import conv_layer, linear_map
 
@@ -146,7 +148,7 @@ def test_solves_that_do_not_stall_start_no_guard(monkeypatch: pytest.MonkeyPatch
         def __init__(self, *args: object) -> None:
             raise AssertionError("a stall guard started")
 
-    monkeypatch.setattr(solvers, "_StallGuard", NoGuard, raising=False)
+    monkeypatch.setattr(solvers.anderson, "StallGuard", NoGuard)
     g = torch.Generator().manual_seed(3)
     W = torch.randn(N, N, generator=g, dtype=T64)
     b = torch.randn(4, N, generator=g, dtype=T64)
@@ -243,7 +245,7 @@ def test_a_trial_loser_that_took_plain_steps_is_referenced_to_its_phase_end_resi
     iterations overwrote (off by up to 7800×)."""
     judged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (phase-end r2, ref) of such losers
 
-    class Spy(solvers._StallGuard):
+    class Spy(StallGuard):
         __slots__ = ("end", "seen")
 
         def step(self, fz, r2, z_aa, rel, *rest):  # type: ignore[no-untyped-def]
@@ -259,7 +261,7 @@ def test_a_trial_loser_that_took_plain_steps_is_referenced_to_its_phase_end_resi
                     judged.append((self.end[rows], self.ref[rows]))
             return out
 
-    monkeypatch.setattr(solvers, "_StallGuard", Spy)
+    monkeypatch.setattr(solvers.anderson, "StallGuard", Spy)
     W, b = _problem()
     with torch.no_grad():
         solvers.solve(_linear(W, b), torch.zeros(4, N, dtype=T64), "anderson", tol=1e-12,
@@ -283,7 +285,7 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
     point and converged while its flags still said non-finite."""
     hole: dict[str, object] = {}
 
-    class Probe(solvers._StallGuard):
+    class Probe(StallGuard):
         def step(self, fz, r2, z_aa, rel, *rest):  # type: ignore[no-untyped-def]
             phase = self.phase
             out = super().step(fz, r2, z_aa, rel, *rest)
@@ -298,7 +300,7 @@ def test_a_row_the_tracker_marked_nonfinite_is_not_returned_finite(
     # path, which round-off steers: the first of 16 seeded offsets b whose solve has one is
     # used (4 of the first 12 have one)
     with monkeypatch.context() as mp:
-        mp.setattr(solvers, "_StallGuard", Probe)
+        mp.setattr(solvers.anderson, "StallGuard", Probe)
         for seed in range(16):
             W = _jordan()
             b = torch.randn(4, N, generator=torch.Generator().manual_seed(seed), dtype=T64)
@@ -447,7 +449,7 @@ def test_float32_adjoint_converges_for_tiny_loss_gradients():
     x = torch.randn(16, 1, 6, 6, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         z = m(x).reshape(16, -1)
-    inputs, env = m._inputs(x), {k: v.detach() for k, v in m.env().items()}
+    inputs, env = inputs_of(m, x), {k: v.detach() for k, v in m.env().items()}
     z0 = z.clone().requires_grad_()
     f0 = m.T(z0, inputs, env)
     v = torch.randn(z.shape, generator=torch.Generator().manual_seed(2))

@@ -12,8 +12,9 @@ import torch
 import lowering
 from benchmarks.common import qp_weight
 from convex_eq.models import opteq
-from lowering import solvers
-from lowering.solvers import get_solver, solve
+from lowering.runtime import solvers
+from lowering.runtime.solvers import auto as auto_mod
+from lowering.runtime.solvers import get_solver, solve
 from tests.lowering.runtime.helpers import linear_map
 
 F64 = T64 = torch.float64
@@ -104,17 +105,17 @@ def test_auto_watch_decides_as_the_reference_prediction(now: float, then: float,
     tol, max_iter = 1e-6, 200
     for k_then in (1, 30, 150):
         tr = solvers.Tracker("plain", torch.zeros(1, 1), tol)
-        w = solvers._AutoWatch(tr, tol, max_iter)
+        w = auto_mod.AutoWatch(tr, tol, max_iter)
         w.next, w.then, w.k = k_then + window, then, k_then
         tr.top = now
         k = k_then + window
         need = _reference_need(now, then, tol, window)
-        switch = need > min(solvers.AUTO_PLAIN_BUDGET, (max_iter - k) / 2)
+        switch = need > min(auto_mod.AUTO_PLAIN_BUDGET, (max_iter - k) / 2)
         assert w(k) is switch
         if not switch:  # half the prediction, or (a short one) AUTO_WINDOW past its end
-            assert w.next == k + (int(need) + solvers.AUTO_WINDOW
-                                  if need <= solvers.AUTO_TAIL
-                                  else max(solvers.AUTO_WINDOW, int(need) // 2))
+            assert w.next == k + (int(need) + auto_mod.AUTO_WINDOW
+                                  if need <= auto_mod.AUTO_TAIL
+                                  else max(auto_mod.AUTO_WINDOW, int(need) // 2))
 
 
 def _tanh_layer(norm: float):
@@ -162,11 +163,18 @@ def test_auto_solver_keeps_plain_when_fast_and_switches_when_slow(norm: float,
     assert torch.allclose(z, exact, rtol=1e-6, atol=1e-8)
 
 
-def test_auto_uses_anderson_on_large_states() -> None:
-    """States of ``AUTO_ANDERSON_STATE`` entries or more run Anderson from the start."""
-    from lowering.solvers import AUTO_ANDERSON_STATE
+@pytest.mark.parametrize("batch, expect", [(32, "anderson"), (2, "plain")])
+def test_auto_uses_anderson_on_large_states_in_large_batches(batch: int, expect: str) -> None:
+    """States of ``AUTO_ANDERSON_STATE`` entries or more run Anderson from the start in batches
+    of ``AUTO_ANDERSON_WORK`` entries or more; a small batch starts plainly (this contraction,
+    rate 0.5, then needs no switch).  Both reach the fixed point ``2q`` (relative 1e-9 at rate
+    0.5: within 2e-9 relative)."""
+    from lowering.runtime.solvers.auto import AUTO_ANDERSON_STATE, AUTO_ANDERSON_WORK
 
     n = AUTO_ANDERSON_STATE
-    q = torch.randn(2, n, dtype=T64, generator=torch.Generator().manual_seed(1))
-    _, st = get_solver("auto")(lambda z: 0.5 * z + q, torch.zeros(2, n, dtype=T64), tol=1e-9)
-    assert st.solver == "anderson" and bool(st.converged.all())
+    assert (batch * n >= AUTO_ANDERSON_WORK) == (expect == "anderson")
+    q = torch.randn(batch, n, dtype=T64, generator=torch.Generator().manual_seed(1))
+    z, st = get_solver("auto")(lambda z: 0.5 * z + q, torch.zeros(batch, n, dtype=T64),
+                               tol=1e-9)
+    assert st.solver == expect and bool(st.converged.all())
+    torch.testing.assert_close(z, 2 * q, rtol=4e-9, atol=0)

@@ -15,7 +15,7 @@ import torch
 
 import lowering
 from convex_eq.models import opteq
-from lowering.solvers import exact_rel_residual, solve
+from lowering.runtime.solvers import exact_rel_residual, solve
 
 F64 = torch.float64
 

@@ -1,8 +1,8 @@
 """The certificate's conditions during training: ``EquilibriumModule.certificate_status()``
 evaluates every condition at the current (controlled) weights and says how training keeps it;
 a condition that no weight control can keep (here ``λ_min(Q) ≥ 0`` over two trained weights) is
-named by an :class:`~lowering.weight_control.UncontrolledConditionWarning` when the module is
-built, so that a certificate made false by training is never silent."""
+named by an :class:`~lowering.runtime.weight_control.UncontrolledConditionWarning` when the
+module is built, so that a certificate made false by training is never silent."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import lowering
 from benchmarks.common import qp_objective, qp_weight
 from convex_eq import Constant, Input, Linear, Objective, Potential, SqNorm, State, Weight
-from lowering.weight_control import UncontrolledConditionWarning
+from lowering.runtime.weight_control import UncontrolledConditionWarning
 
 
 def _two_gram_layer() -> lowering.DerivedLayer:
@@ -74,8 +74,8 @@ def test_a_kept_norm_bound_is_not_warned_about() -> None:
 def test_the_status_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """A status that always read "holds" (e.g. one evaluated at the declared weights instead of
     the current ones) fails the first test."""
-    status = lowering.module.EquilibriumModule.certificate_status
-    monkeypatch.setattr(lowering.module.EquilibriumModule, "certificate_status",
+    status = lowering.runtime.module.EquilibriumModule.certificate_status
+    monkeypatch.setattr(lowering.runtime.module.EquilibriumModule, "certificate_status",
                         lambda self: [type(s)(s.text, s.value, s.bound, s.sense, True, s.kept)
                                       for s in status(self)])
     with pytest.raises(AssertionError):
@@ -141,8 +141,8 @@ def test_several_conditions_are_named_in_the_plural(monkeypatch: pytest.MonkeyPa
     """Two loose conditions: "read … cannot keep them … leave them false", never "it".
 
     Pins: the warning for several conditions said "cannot keep it … leave it false"."""
-    import lowering.module as module
-    from lowering.weight_control import certificate_conditions
+    import lowering.runtime.weight_control as module
+    from lowering.runtime.weight_control import certificate_conditions
 
     def twice(derived: object) -> list:
         (c,) = certificate_conditions(derived)

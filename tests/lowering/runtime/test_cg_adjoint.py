@@ -13,13 +13,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowering.backward import AdjointConfig, FixedPointProblem, _adjoint_from_map, _cg_adjoint
-from lowering.plan import DiagonalThenT, FunctionT, MatrixT
-from lowering.solvers import SolverStats
+from lowering.runtime.backward import AdjointConfig, FixedPointProblem
+from lowering.runtime.backward.adjoint import adjoint_from_map as _adjoint_from_map
+from lowering.runtime.linear import solve_cg
+from lowering.runtime.plan.transpose import DiagonalThenT, FunctionT, MatrixT
+from lowering.runtime.solvers import SolverStats
 from tests.lowering.runtime.helpers import relu_layer
 
 T64 = torch.float64
 
+
+
+def _cg_adjoint(d: torch.Tensor, inner: object, jt: object, v: torch.Tensor,
+                cfg: AdjointConfig) -> object:
+    """The CG linear solve as the adjoint calls it (:func:`lowering.runtime.linear.solve_cg`)."""
+    return solve_cg(jt, v, tol=cfg.tol, max_iter=cfg.max_iter, split=(d, inner))
 
 def _layer():
     return relu_layer(m=20, n=10, norm=0.9)

@@ -1,4 +1,4 @@
-"""``lowering.classifier``: the pooling head fits 1-row and 1-D states, branch features are
+"""``lowering.runtime.classifier``: the pooling head fits 1-row and 1-D states, branch features are
 concatenated, the training settings reach the module (and choose weight control only where a
 weight needs it), solver statistics are reported honestly."""
 
@@ -15,7 +15,7 @@ import lowering
 from convex_eq import Antiderivative, Constant, Input, SqNorm, State, Weight, models
 from convex_eq.errors import ConvergenceWarning, OptionError
 from convex_eq.models import opteq
-from lowering.classifier import EquilibriumClassifier, StatsMeter, TrainingSettings
+from lowering.runtime.classifier import EquilibriumClassifier, StatsMeter, TrainingSettings
 
 
 def _clf(image: tuple[int, ...], channels: int = 3, **kw) -> EquilibriumClassifier:

@@ -1,4 +1,4 @@
-"""Compiled chunks of plain iterations (``lowering.solvers.CompiledSteps``), what an emitted
+"""Compiled chunks of plain iterations (``lowering.runtime.solvers.CompiledSteps``), what an emitted
 module runs inside ``torch.compile``: the same iterates and the same stop as the eager loop,
 every claim of convergence confirmed exactly, and the module's compiled path equal to its
 eager one.
@@ -15,13 +15,7 @@ import pytest
 import torch
 
 from convex_eq.errors import OptionError
-from lowering import solvers
-from lowering.solvers import (
-    CompiledSteps,
-    compiled_steps,
-    exact_rel_residual,
-    solve,
-)
+from lowering.runtime.solvers import CompiledSteps, exact_rel_residual, solve
 from tests.lowering.runtime.helpers import (
     compiled_relu_module,
     false_passes,
@@ -67,8 +61,7 @@ def test_chunks_stop_where_the_eager_loop_stops(solver: str) -> None:
     f, z0 = _affine()
     ze, se = solve(f, z0, solver, tol=1e-10, max_iter=200)
     steps = _Counting(8)
-    with compiled_steps(steps):
-        zc, sc = solve(f, z0, solver, tol=1e-10, max_iter=200)
+    zc, sc = solve(f, z0, solver, tol=1e-10, max_iter=200, compiled=steps)
     assert sum(steps.ran) >= 8, "no compiled chunk ran"
     assert sc.solver.startswith("plain[compiled×8]")
     assert sc.residuals.shape[1] == se.residuals.shape[1]
@@ -90,8 +83,7 @@ def test_a_chunk_that_underreports_its_residuals_cannot_fake_convergence() -> No
             return zp, fz, torch.zeros_like(r)
 
     f, z0 = _affine(rate=0.9)
-    with compiled_steps(Lying(8)):
-        z, st = solve(f, z0, "plain", tol=1e-10, max_iter=300)
+    z, st = solve(f, z0, "plain", tol=1e-10, max_iter=300, compiled=Lying(8))
     fz = f(z)
     true = exact_rel_residual(fz - z, fz)
     assert bool(st.converged.all())
@@ -107,15 +99,15 @@ def test_a_sample_that_turns_nan_inside_a_chunk_is_not_converged() -> None:
         bad = (torch.arange(z.shape[0]) == 1)[:, None] & (z > 1.5)
         return torch.where(bad, torch.full_like(out, math.nan), out)
 
-    with compiled_steps(CompiledSteps(4)):
-        z, st = solve(f, torch.zeros(2, 3, dtype=F64), "plain", tol=1e-12, max_iter=100)
+    z, st = solve(f, torch.zeros(2, 3, dtype=F64), "plain", tol=1e-12, max_iter=100,
+                  compiled=CompiledSteps(4))
     assert bool(st.converged[0]) and not bool(st.converged[1])
     assert bool(st.nonfinite[1])
     torch.testing.assert_close(z[0], torch.full((3,), 2.0, dtype=F64), rtol=1e-11, atol=0)
 
 
 def test_an_unconverged_solve_returns_each_samples_recorded_minimum() -> None:
-    """The replay of an unconverged solve (``_per_sample_best``) runs eagerly on the chunked
+    """The replay of an unconverged solve (``replay.best_per_sample``) runs eagerly on the chunked
     first run's schedule: sample 1 (no fixed point: its residual falls, then rises) gets the
     iterate with the smallest recorded residual.  Tolerance: the same float64 iterate measured
     in the chunk and exactly, a few ulps apart; 1e-9 relative."""
@@ -124,8 +116,8 @@ def test_an_unconverged_solve_returns_each_samples_recorded_minimum() -> None:
         drift = z + 0.01 * (1 + z ** 2)
         return torch.where((torch.arange(2) == 1)[:, None] & (torch.arange(2) == 1), drift, out)
 
-    with compiled_steps(CompiledSteps(8)):
-        z, st = solve(f, torch.zeros(2, 2, dtype=F64), "plain", tol=1e-6, max_iter=100)
+    z, st = solve(f, torch.zeros(2, 2, dtype=F64), "plain", tol=1e-6, max_iter=100,
+                  compiled=CompiledSteps(8))
     assert bool(st.converged[0]) and not bool(st.converged[1])
     fz = f(z)
     best = torch.nan_to_num(st.residuals, nan=math.inf).min(dim=1).values
@@ -153,8 +145,8 @@ def test_a_zero_fixed_point_has_no_nan_residuals_in_compiled_chunks() -> None:
     def f(z: torch.Tensor) -> torch.Tensor:
         return torch.relu(0.9 * z + c)
 
-    with compiled_steps(CompiledSteps(4)):
-        z, st = solve(f, torch.zeros(2, 2, dtype=F64), "plain", tol=1e-10, max_iter=400)
+    z, st = solve(f, torch.zeros(2, 2, dtype=F64), "plain", tol=1e-10, max_iter=400,
+                  compiled=CompiledSteps(4))
     assert st.solver == "plain[compiled×4]"
     assert bool(st.converged.all()) and not bool(st.nonfinite.any())
     assert bool((z[0] == 0).all())
@@ -190,8 +182,7 @@ def test_an_overflowed_plain_norm_leaves_no_false_zero_in_the_history(scale: flo
         return torch.addmm(c, z, a)
 
     for ctx in (None, CompiledSteps(4)):
-        with compiled_steps(ctx):
-            _, st = solve(f, torch.zeros(3, n), "plain", tol=tol, max_iter=200)
+        _, st = solve(f, torch.zeros(3, n), "plain", tol=tol, max_iter=200, compiled=ctx)
         z, exact = torch.zeros(3, n), []
         for _ in range(st.residuals.shape[1]):
             fz = f(z)
@@ -211,7 +202,7 @@ def test_no_false_zero_in_the_history_of_compiled_chunks(
         f: Callable[[torch.Tensor], torch.Tensor], z0: torch.Tensor) -> None:
     """The two solves of the eager false-zero test in tests/lowering/runtime/test_residuals.py
     (``shrinking`` from ``z0 = 1``, ``one_diverging``) in compiled chunks of 4: a chunk's
-    interior residuals (plain float32 norms, ``_run_steps``) must not keep a false 0 either.
+    interior residuals (plain float32 norms, ``compiled.run_steps``) must not keep a false 0 either.
     (The chunk runs while the worst rate predicts many more iterations — here while a sample
     diverges or the residual has not started falling — exactly when these scales are reached.)
     Tolerances as there: elementwise float32 maps, float64 reference norms, false entries 0
@@ -220,24 +211,23 @@ def test_no_false_zero_in_the_history_of_compiled_chunks(
     Pins: a chunk's interior residuals were recorded without confirmation, so a false 0 read
     inside a chunk stayed in the history where the eager loop's was corrected."""
     tol = 1e-6
-    with compiled_steps(CompiledSteps(4)):
-        _, st = solve(f, z0, "plain", tol=tol, max_iter=100)
+    _, st = solve(f, z0, "plain", tol=tol, max_iter=100, compiled=CompiledSteps(4))
     false_pass = false_passes(f, z0, st, tol)
     assert not bool(false_pass.any()), (st.solver, false_pass.nonzero()[:4])
 
 
-def test_compiled_steps_context_restores_the_outer_setting() -> None:
-    """Entering with the value already set changes nothing; entering with another one sets it
-    and restores the outer value on exit, also when the body raises."""
-    outer = solvers.CompiledSteps(4)
-    assert solvers._COMPILED.get() is None
-    with compiled_steps(outer):
-        assert solvers._COMPILED.get() is outer
-        with compiled_steps(outer):
-            assert solvers._COMPILED.get() is outer
-        assert solvers._COMPILED.get() is outer
-        with pytest.raises(RuntimeError), compiled_steps(None):
-            assert solvers._COMPILED.get() is None
-            raise RuntimeError
-        assert solvers._COMPILED.get() is outer
-    assert solvers._COMPILED.get() is None
+def test_compiled_steps_apply_only_to_the_solve_they_are_passed_to() -> None:
+    """Compiled chunks are an argument of the solve (no context a nested solve would see): a
+    solve inside the map ``f`` of a compiled solve iterates eagerly."""
+    inner_names: list[str] = []
+
+    def f(z: torch.Tensor) -> torch.Tensor:
+        _, st = solve(lambda y: 0.5 * y + 1.0, torch.zeros(1, 2, dtype=F64), "plain",
+                      tol=1e-12, max_iter=100)
+        inner_names.append(st.solver)
+        return 0.5 * z + 1.0
+
+    _, st = solve(f, torch.zeros(2, 2, dtype=F64), "plain", tol=1e-10, max_iter=200,
+                  compiled=CompiledSteps(4))
+    assert st.solver.startswith("plain[compiled×4]")
+    assert inner_names and all(n == "plain" for n in inner_names)

@@ -139,14 +139,18 @@ def test_sam_set_in_place_is_not_bypassed() -> None:
 
 
 @pytest.mark.parametrize("change", ["replace", "in_place"])
-def test_express_path_is_taken_again_after_the_change_is_undone(change: str) -> None:
+def test_express_path_is_taken_again_after_the_change_is_undone(
+        change: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-call check must not switch the express path off for good: back at the
-    original options the common call takes it again (the solve is then ``_express``'s)."""
+    original options the common call takes it again (the solve is then ``express_call``'s)."""
+    import lowering.runtime.module as runtime_module
+
     m = _module()
     original = m.config
     calls = []
-    real = m._express
-    m._express = lambda *a: calls.append(1) or real(*a)
+    real = runtime_module.express_call
+    monkeypatch.setattr(runtime_module, "express_call",
+                        lambda *a: calls.append(1) or real(*a))
     with torch.no_grad():
         m(_x())
         assert calls == [1]

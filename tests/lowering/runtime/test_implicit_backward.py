@@ -20,7 +20,9 @@ import lowering
 from benchmarks.common import qp_objective, qp_weight
 from convex_eq.errors import ConvergenceError, ConvergenceWarning, OptionError
 from convex_eq.models import opteq
-from lowering import backward as bw
+from lowering.runtime import backward as bw
+from lowering.runtime.guards import inputs_of
+from lowering.runtime.parameters import raw_env
 from tests.lowering.helpers import randn
 from tests.lowering.runtime.helpers import (
     conv_layer,
@@ -86,7 +88,7 @@ def _exact_implicit_grad(m, head, x, y) -> torch.Tensor:
     hh = copy.deepcopy(head).double()
     with torch.no_grad():
         z = mm(x.double()).reshape(x.shape[0], -1)
-    inputs = mm._inputs(x.double())
+    inputs = inputs_of(mm, x.double())
     w = mm.weights["W"].detach().clone().requires_grad_()
     n = z.shape[1]
     grads = torch.zeros_like(w)
@@ -97,7 +99,7 @@ def _exact_implicit_grad(m, head, x, y) -> torch.Tensor:
         xi = {k: t[i:i + 1] for k, t in inputs.items()}
 
         def t_of(zz, ww, xi=xi):
-            env = dict(mm._raw_env())
+            env = dict(raw_env(mm))
             env["W"] = ww
             env = mm.weight_control(mm, env) if mm.weight_control is not None else env
             return mm.T(zz[None], xi, env)[0]

@@ -20,7 +20,7 @@ from convex_eq.objective import Objective
 from convex_eq.symbols import Scalar
 from convex_eq.terms import L1, SqNorm
 from convex_eq.terms.moreau import MoreauEnvelope
-from lowering.scalars import PARAMETRIZATIONS, LearnableScalar
+from lowering.runtime.scalars import PARAMETRIZATIONS, LearnableScalar
 
 F64 = torch.float64
 

@@ -23,7 +23,8 @@ from benchmarks.common import qp_objective, qp_weight
 from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight, models
 from convex_eq.errors import ConvergenceError, NonFiniteError, OptionError
 from convex_eq.models import opteq
-from lowering.module import EquilibriumModule
+from lowering.runtime.guards import inputs_of
+from lowering.runtime.module import EquilibriumModule
 from tests.lowering.helpers import randn
 from tests.lowering.runtime.helpers import (
     nan_batch,
@@ -78,7 +79,7 @@ def test_the_entry_without_dynamo_honours_subclasses() -> None:
     test process may have loaded already: a fresh interpreter) runs a subclass's ``_forward``."""
     code = textwrap.dedent("""
         import sys, torch
-        from lowering.module import EquilibriumModule
+        from lowering.runtime.module import EquilibriumModule
         from tests.lowering.runtime.helpers import relu_layer
         seen = []
         class Logged(EquilibriumModule):
@@ -282,9 +283,9 @@ def test_flat_and_shaped_inputs_take_the_same_route() -> None:
     dtype cast included)."""
     mod = qp_module_64()
     q = torch.randn(5, 64, dtype=torch.float32)
-    fast = mod._inputs(q)
+    fast = inputs_of(mod, q)
     assert fast["q"].dtype == torch.float64 and torch.equal(fast["q"], q.double())
-    general = mod._inputs({"q": q})
+    general = inputs_of(mod, {"q": q})
     assert torch.equal(general["q"], fast["q"])
 
 

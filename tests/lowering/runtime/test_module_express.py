@@ -1,15 +1,15 @@
-"""The module's express call (lowering/module.py ``_express``): the common call (one flat dense
-input of the module's dtype) skips the general path's bookkeeping and must give its output,
-gradients and statistics.
+"""The module's express call (lowering/runtime/express.py ``express_call``): the common call
+(one flat dense input of the module's dtype) skips the general path's bookkeeping and must give
+its output, gradients and statistics.
 
 Its held-tensor backward (lowering/backward.py ``_PlannedFixedPoint``): the plan's state-free
 tensors ``(c, M)`` are the autograd inputs and ``σ'`` at ``z*`` is read from the solver's last
-image.  It must give the gradients the leaf-copy path gives (forced by a ``_plan_held`` that
+image.  It must give the gradients the leaf-copy path gives (forced by a ``plan_held`` that
 finds no plan), at every order the implicit backward supports, in every failure mode; the
 derivative read from the image must be the one read from the pre-activation (a broken rule makes
 that test fail).
 
-Its re-planner (lowering/nodes.py ``Node.held_builder``, used by ``_plan_held``): after the first
+Its re-planner (the held builder of the node-type table, used by ``plan_held``): after the first
 call has planned ``σ(c + zM)`` by the general path, later calls rebuild that plan from the node
 tree's builder.  The builder must give the very plan the general path gives (same tensors from
 the same operations: outputs and gradients bit for bit), step aside wherever the general path
@@ -18,24 +18,29 @@ one is refused)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
 import warnings
+from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 import torch
 
 import lowering
+import lowering.runtime.express as runtime_express
+import lowering.runtime.module as runtime_module
 from benchmarks.common import qp_objective, qp_weight
 from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight
 from convex_eq.activations.relu import ReLU
 from convex_eq.errors import ConvergenceWarning, OptionError
 from convex_eq.models import opteq
 from convex_eq.symbols import Scalar
-from lowering import plan as pl
-from lowering.module import _checked_builder
-from lowering.plan import PlanContext
+from lowering.runtime.express import checked_builder as _checked_builder
+from lowering.runtime.plan import PlanContext, plan_of
+from lowering.runtime.plan import plans as pl
 from tests.lowering.runtime.helpers import output_and_grads, qp_module
 
 F32, F64 = torch.float32, torch.float64
@@ -49,16 +54,16 @@ def test_express_call_is_taken_and_equals_the_general_path(monkeypatch: pytest.M
     reporting no express width): the same plan, solver and backward run in the same order."""
     mod = qp_module()
     taken = []
-    express = type(mod)._express
-    monkeypatch.setattr(type(mod), "_express",
-                        lambda self, *a: taken.append(1) or express(self, *a))
+    express = runtime_module.express_call
+    monkeypatch.setattr(runtime_module, "express_call",
+                        lambda *a: taken.append(1) or express(*a))
     g = torch.Generator().manual_seed(3)
     x, c = torch.randn(5, 64, generator=g, dtype=torch.float64), torch.randn(
         5, 64, generator=g, dtype=torch.float64)
     fast = output_and_grads(mod, x, c)
     fast_stats = (mod.last_stats.residuals, mod.last_backward_stats.residuals)
     assert taken == [1]
-    monkeypatch.setattr(type(mod), "_express_width", lambda self: 0)
+    monkeypatch.setattr(runtime_module, "express_width", lambda m: -1)
     mod.zero_grad()
     slow = output_and_grads(mod, x, c)
     assert taken == [1]
@@ -77,17 +82,24 @@ def _module(m: int = 64, dtype: torch.dtype = F64, **kw):
     return layer.torch_module(**opts)
 
 
+
+@contextlib.contextmanager
+def leaf_path(on: bool = True) -> Iterator[None]:
+    """Within the block (when ``on``) the express call finds no held plan: the leaf-copy path."""
+    if not on:
+        yield
+        return
+    with mock.patch.object(runtime_express, "plan_held", lambda *a: None):
+        yield
+
 def _run(mod, x: torch.Tensor, c: torch.Tensor, held: bool) -> tuple[torch.Tensor, ...]:
     """Output and gradients (input, then every parameter) of ``Σ c ⊙ z``; ``held=False``
     forces the leaf-copy path."""
-    if held:
-        mod.__dict__.pop("_plan_held", None)
-    else:  # the leaf-copy path: no plan posed on its held tensors
-        mod._plan_held = lambda *a: None
     mod.zero_grad()
     xx = x.detach().clone().requires_grad_()
-    z = mod(xx)
-    is_held = type(z.grad_fn).__name__ == "_PlannedFixedPointBackward"
+    with leaf_path(not held):  # the leaf-copy path: no plan posed on its held tensors
+        z = mod(xx)
+    is_held = type(z.grad_fn).__name__ == "PlannedFixedPointBackward"
     assert is_held is held, z.grad_fn
     (z * c).sum().backward()
     return (z.detach(), xx.grad,
@@ -124,7 +136,7 @@ def test_held_gradients_match_finite_differences() -> None:
 
     def f(xx: torch.Tensor, ww: torch.Tensor) -> torch.Tensor:
         out = torch.func.functional_call(mod, {"weights.W": ww}, (xx,))
-        assert type(out.grad_fn).__name__ == "_PlannedFixedPointBackward"
+        assert type(out.grad_fn).__name__ == "PlannedFixedPointBackward"
         return out
 
     assert torch.autograd.gradcheck(f, (x, w.detach().clone().requires_grad_()), atol=1e-7,
@@ -160,7 +172,7 @@ def test_held_second_order_matches_gradgradcheck() -> None:
 
     def f(xx: torch.Tensor) -> torch.Tensor:
         out = mod(xx)
-        assert type(out.grad_fn).__name__ == "_PlannedFixedPointBackward"
+        assert type(out.grad_fn).__name__ == "PlannedFixedPointBackward"
         return out
 
     assert torch.autograd.gradgradcheck(f, (x,), atol=1e-6, rtol=1e-5)
@@ -173,10 +185,9 @@ def test_held_second_order_equals_the_leaf_path() -> None:
     x, c = _data(8, seed=4)
     out = []
     for held in (True, False):
-        if not held:
-            mod._plan_held = lambda *a: None
         xx = x.detach().clone().requires_grad_()
-        z = mod(xx)
+        with leaf_path(not held):
+            z = mod(xx)
         (gx,) = torch.autograd.grad((z * c).sum(), xx, create_graph=True)
         w = mod.weights["W"]
         (hw,) = torch.autograd.grad((gx * c).sum(), w)
@@ -189,7 +200,7 @@ def test_third_order_is_refused_on_the_held_path() -> None:
     x, _ = _data(3, seed=5)
     x.requires_grad_()
     z = mod(x)
-    assert type(z.grad_fn).__name__ == "_PlannedFixedPointBackward"
+    assert type(z.grad_fn).__name__ == "PlannedFixedPointBackward"
     (g,) = torch.autograd.grad(z.sum(), x, create_graph=True)
     (h,) = torch.autograd.grad(g.sum(), x, create_graph=True)
     with pytest.raises(OptionError, match="third"):
@@ -221,7 +232,7 @@ def test_unconverged_forward_takes_the_judged_path() -> None:
     xx = x.clone().requires_grad_()
     with pytest.warns(ConvergenceWarning, match="did not reach"):
         z = mod(xx)
-    assert type(z.grad_fn).__name__ != "_PlannedFixedPointBackward"
+    assert type(z.grad_fn).__name__ != "PlannedFixedPointBackward"
     (z * c).sum().backward()
     assert torch.isfinite(xx.grad).all()
 
@@ -327,7 +338,7 @@ def test_canonical_layer_rebuilds_the_same_plan(trained: bool) -> None:
         _equal(_step(a, x, c), _step(b, x, c))
         assert callable(a.__dict__["_held_builder"])
         z = a(x.clone().requires_grad_())
-        assert type(z.grad_fn).__name__ == "_PlannedFixedPointBackward"
+        assert type(z.grad_fn).__name__ == "PlannedFixedPointBackward"
 
 
 def test_injection_through_weights_rebuilds_the_same_plan() -> None:
@@ -383,7 +394,7 @@ def test_a_builder_that_disagrees_is_refused() -> None:
     assert callable(good)
     env, z0 = mod.env(), torch.zeros(32, 64)
     ctx = PlanContext("z", {"q": x}, env, 32, z0)
-    plan = mod.derived.nodes["z"].plan(ctx)
+    plan = plan_of(mod.derived.nodes["z"], ctx)
     assert _checked_builder(good, plan, ctx) is good
 
     def scaled(fc: float, fm: float, f=None, f_=None):

@@ -20,6 +20,7 @@ from convex_eq import Input, Linear, Objective, Potential, SqNorm, State, Weight
 from convex_eq.errors import ConvergenceWarning, NonFiniteError, ShapeError
 from convex_eq.models import conv_mopteq, opteq
 from convex_eq.operators import Dense
+from lowering.runtime.guards import nonfinite_inputs
 from tests.lowering.runtime.helpers import nan_batch, qp_module, uneven_inputs, uneven_relu_layer
 
 T64 = F64 = torch.float64
@@ -36,7 +37,7 @@ def test_large_finite_inputs_pass_the_finiteness_check() -> None:
     to the entrywise one instead of refusing it."""
     mod = _qp_module()
     x = torch.full((2, 8), 1e30)
-    assert mod._nonfinite_inputs({"q": x}, 2, x.device) is None
+    assert nonfinite_inputs(mod, {"q": x}) is None
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

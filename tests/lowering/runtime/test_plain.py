@@ -14,8 +14,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from lowering import solvers as S
-from lowering.solvers import Tracker, _AutoWatch
+from lowering.runtime import solvers as S
+from lowering.runtime.solvers import Tracker
+from lowering.runtime.solvers.auto import AutoWatch as _AutoWatch
 
 F64 = torch.float64
 
@@ -68,7 +69,7 @@ def _reference(tr: Tracker, f, z: torch.Tensor, max_iter: int, watch, late: int 
 def _state(tr: Tracker, out) -> list:
     fz, k = out
     return [k, fz, tr.best, tr.best_fz, tr.best_res, tr.top, tr.worst, tr.iterations,
-            tr._exact, tr._done, tr._any_nonfinite, torch.cat(tr.hist, 1) if tr.hist else None]
+            tr.exact, tr._done, tr.any_nonfinite, torch.cat(tr.hist, 1) if tr.hist else None]
 
 
 def _same(a: list, b: list) -> bool:

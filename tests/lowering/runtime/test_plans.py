@@ -21,9 +21,11 @@ import lowering
 from convex_eq import L1, Input, Linear, Objective, Potential, Scalar, SqNorm, State, Weight, models
 from convex_eq.models import deep_opteq, opteq, spectral_weight
 from lowering import nodes
-from lowering import plan as pl
-from lowering.backward import param_grads
-from lowering.plan import PlanContext, Root
+from lowering.runtime.backward.implicit import param_grads
+from lowering.runtime.call import plan_layer
+from lowering.runtime.guards import inputs_of
+from lowering.runtime.plan import PLANNERS, PlanContext, Root, plan_of
+from lowering.runtime.plan import plans as pl
 from tests.lowering.runtime.helpers import qp_module_64
 
 T64 = F64 = torch.float64
@@ -52,7 +54,7 @@ UNPLANNED = {"geq": lambda: models.geq(n=6, p=6, d=3), "mon": lambda: models.mon
              "mopteq": lambda: models.mopteq()}
 
 
-def _module(obj: ce.Objective, **kw: object) -> lowering.module.EquilibriumModule:
+def _module(obj: ce.Objective, **kw: object) -> lowering.runtime.module.EquilibriumModule:
     return lowering.lower(obj).torch_module(dtype=T64, tol=1e-11, max_iter=2000,
                                             backward_tol=1e-11, backward_max_iter=2000, **kw)
 
@@ -65,7 +67,7 @@ def _inputs(mod: torch.nn.Module, batch: int, seed: int) -> dict[str, torch.Tens
 def _plan_of(mod: torch.nn.Module, x: dict[str, torch.Tensor]) -> Root:
     env = mod.env()
     node = mod.derived.nodes[mod.blocks[0].name]
-    p = node.plan(PlanContext(mod.blocks[0].name, x, env, next(iter(x.values())).shape[0]))
+    p = plan_of(node, PlanContext(mod.blocks[0].name, x, env, next(iter(x.values())).shape[0]))
     assert p is not None
     return Root(p)
 
@@ -165,7 +167,7 @@ def test_layers_without_a_plan_use_the_node_tree(name: str) -> None:
     x = _inputs(mod, 3, seed=1)
     tensors = [*x.values(), *mod.env().values()]
     z0 = torch.zeros(3, mod.state_size, dtype=T64)
-    assert mod._plan(list(x), list(mod.env()), tensors, z0) is None
+    assert plan_layer(mod, list(x), list(mod.env()), tensors, z0) is None
     out = mod(x)
     out = out if isinstance(out, torch.Tensor) else torch.cat([o.flatten(1) for o in out], 1)
     out.sum().backward()
@@ -252,11 +254,11 @@ def _plan_vs_tree(module: Any, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor
                   ) -> dict[str, float]:
     """Relative differences plan − tree of ``T(z)``, ``Jᵀv`` and ``(∂T/∂θ)ᵀv`` per tensor
     (inf where the plan has no gradient and the tree a non-zero one)."""
-    inputs, env = module._inputs(x), module.env()
+    inputs, env = inputs_of(module, x), module.env()
     keys_in, keys_env = list(inputs), list(env)
     tensors = [inputs[k] for k in keys_in] + [env[k] for k in keys_env]
     with torch.enable_grad():
-        planned = module._plan(keys_in, keys_env, tensors, torch.zeros_like(z))
+        planned = plan_layer(module, keys_in, keys_env, tensors, torch.zeros_like(z))
     assert planned is not None, "this layer is expected to have a plan"
     root, leaves = planned
     n_in = len(keys_in)
@@ -312,7 +314,7 @@ def test_plan_equals_node_tree(name: str, seed: int, scale: float) -> None:
 
 
 def _broken_sigma_plan(self: Any, ctx: pl.PlanContext) -> Any:
-    inner = self.inner.plan(ctx)
+    inner = plan_of(self.inner, ctx)
     return None if inner is None else pl.Elementwise(self.act.sigma, inner, torch.ones_like)
 
 
@@ -329,7 +331,7 @@ def _broken_affine_param_vjp(self: Any, z: torch.Tensor, g: torch.Tensor) -> Any
 
 
 @pytest.mark.parametrize("patch,case", [
-    ((nodes.Sigma, "plan", _broken_sigma_plan), "opteq-softplus"),
+    ((PLANNERS, nodes.Sigma, _broken_sigma_plan), "opteq-softplus"),
     # the backward's route for σ(c + zM): the flat form (the nested one, Constant.param_vjp,
     # is reached by none of these cases: their other nested sums have no closed form here)
     ((pl.AffineElementwise, "param_vjp", _broken_affine_param_vjp), "opteq-softplus"),
@@ -340,8 +342,11 @@ def _broken_affine_param_vjp(self: Any, z: torch.Tensor, g: torch.Tensor) -> Any
 def test_equivalence_check_catches_a_broken_plan(patch: tuple, case: str,
                                                  monkeypatch: Any) -> None:
     """The check above can fail: σ' replaced by 1, or the injection's gradient cut."""
-    cls, attr, fn = patch
-    monkeypatch.setattr(cls, attr, fn)
+    where, attr, fn = patch
+    if isinstance(where, dict):  # a planner of the node-type table
+        monkeypatch.setitem(where, attr, fn)
+    else:
+        monkeypatch.setattr(where, attr, fn)
     with pytest.raises(AssertionError):
         _check(case, 0, 1.0)
 
@@ -419,10 +424,10 @@ def test_first_order_backward_needs_no_value_from_the_linearisation() -> None:
     mod = qp_module_64()
     q = torch.randn(4, 64, dtype=torch.float64)
     z = torch.relu(torch.randn(4, 64, dtype=torch.float64))
-    inputs, env = mod._inputs(q), mod.env()
+    inputs, env = inputs_of(mod, q), mod.env()
     keys_in, keys_env = list(inputs), list(env)
     tensors = [inputs[k] for k in keys_in] + [env[k] for k in keys_env]
-    root, _ = mod._plan(keys_in, keys_env, tensors, z)
+    root, _ = plan_layer(mod, keys_in, keys_env, tensors, z)
     out, jt = root.linearize(z)
     none, jt2 = root.linearize(z, value=False)
     assert out is not None and none is None
@@ -503,7 +508,7 @@ def test_plus_fn_equals_plus(b_shape: tuple[int, ...]) -> None:
         assert torch.allclose(t.scaled_plus_fn(d2, b)(v), ref_s, rtol=1e-12, atol=1e-12)
 
 
-def test_in_place_activation_follows_an_overridden_sigma() -> None:
+def test_in_place_activation_follows_an_overridden_sigma(monkeypatch: pytest.MonkeyPatch) -> None:
     """An activation derived from ``ReLU`` that overrides ``sigma`` and ``torch_sigma`` (here
     ``min(max(t, 0), 1)``) but not ``torch_sigma_``: the plan evaluates the activation's own
     ``σ`` on the fused ``c + zM`` (ReLU offers ``torch.relu_`` only where a subclass keeps its σ).
@@ -528,10 +533,10 @@ def test_in_place_activation_follows_an_overridden_sigma() -> None:
     fused = pl.Sum([(1.0, pl.Constant(c)), (1.0, pl.Matrix(m))])
 
     class Inner:  # a node whose plan is the fused c + zM
-        def plan(self, ctx: object) -> pl.Sum:
-            return fused
+        pass
 
+    monkeypatch.setitem(PLANNERS, Inner, lambda node, ctx: fused)
     act = ClippedReLU()
-    plan = Sigma(act, Inner()).plan(None)  # type: ignore[arg-type]
+    plan = plan_of(Sigma(act, Inner()), None)  # type: ignore[arg-type]
     z = torch.randn(4, 6, generator=g)
     assert torch.equal(plan.fn(z), act.sigma(torch.addmm(c, z, m)))

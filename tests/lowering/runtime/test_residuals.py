@@ -21,16 +21,10 @@ from hypothesis import strategies as st
 import convex_eq as ce
 import lowering
 from convex_eq import models
-from lowering import solvers
-from lowering.solvers import (
-    Tracker,
-    _extreme_scale,
-    _scale_ok,
-    exact_rel_residual,
-    get_solver,
-    rel_residual,
-    solve,
-)
+from lowering.runtime import solvers
+from lowering.runtime.solvers import Tracker, exact_rel_residual, get_solver, rel_residual, solve
+from lowering.runtime.solvers.residuals import extreme_scale as _extreme_scale
+from lowering.runtime.solvers.residuals import scale_ok as _scale_ok
 from tests.lowering.runtime.helpers import false_passes, one_diverging, shrinking
 
 T64 = torch.float64
@@ -155,7 +149,7 @@ def test_without_the_rounding_margin_the_property_fails(monkeypatch: pytest.Monk
     """The margin is what keeps the property above true: with a zero unit round-off the plain
     norms accept a stop whose exact residual exceeds ``tol``."""
     z, fz, tol = _rounded_down_stop(torch.float32)
-    monkeypatch.setattr(solvers, "_EXACT_PLAIN", {torch.float32: 0.0, torch.float64: 0.0})
+    monkeypatch.setattr(solvers.tracker, "EXACT_PLAIN", {torch.float32: 0.0, torch.float64: 0.0})
     tr = Tracker("t", torch.zeros_like(z), tol)
     assert tr.record(z, fz)  # the false pass the margin prevents
     assert float(exact_rel_residual(fz - z, fz)) > tol
@@ -184,7 +178,8 @@ def test_without_the_range_check_the_later_overflow_passes(
     """The range check is what refuses it: a check that accepts every scale lets the overflowed
     plain residual (0) stand as the exact one."""
     tr, z, fz = _later_overflow()
-    monkeypatch.setattr(solvers, "_norms_in_range", lambda den, n, dtype, tol, least=0.0: True)
+    monkeypatch.setattr(solvers.tracker, "norms_in_range",
+                        lambda den, n, dtype, tol, least=0.0: True)
     assert tr.record(z, fz)
 
 
@@ -230,7 +225,7 @@ def _first_record_exact(fz: torch.Tensor, tol: float) -> bool:
     """Whether the tracker's first record switches to exact residuals (``_exact``)."""
     tr = Tracker("plain", torch.zeros_like(fz), tol)
     tr.record(torch.zeros_like(fz), fz)
-    return tr._exact
+    return tr.exact
 
 
 @given(where=st.lists(st.one_of(st.none(), st.tuples(st.sampled_from(["lo", "hi", "any"]),
@@ -285,7 +280,7 @@ def test_a_broken_scale_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None
     edge = 10 * fi.tiny ** 0.5 / 1e-6  # the smallest safe largest entry at tol 1e-6
     fz = torch.full((1, 1000), 0.5 * edge)  # below it; its norm is √1000/2 ≈ 16× above
     assert _extreme_scale(fz, 1e-6) and _first_record_exact(fz, 1e-6)
-    monkeypatch.setattr(solvers, "_norms_in_range", broken)
+    monkeypatch.setattr(solvers.tracker, "norms_in_range", broken)
     assert not _first_record_exact(fz, 1e-6)
 
 
@@ -341,7 +336,7 @@ def test_an_ordinary_half_precision_state_is_not_measured_exactly(dtype: torch.d
     fz = (torch.linspace(-2.0, 2.0, 32).reshape(4, 8) + 0.5).to(dtype)
     tr = Tracker("plain", z0, 1e-3)
     tr.record(z0, fz)
-    assert not tr._exact
+    assert not tr.exact
 
 
 # ------------------------------------------------------------------ the lean record
@@ -352,7 +347,7 @@ def test_lean_record_keeps_the_general_records_history(
     """The lean path of :meth:`Tracker.record` (later iterations of a finite (B, N) solve)
     records bit for bit what the general path records: same residual history, same returned
     iterate, same statistics — it is the same arithmetic, fewer Python steps."""
-    from lowering.solvers import solve
+    from lowering.runtime.solvers import solve
 
     g = torch.Generator().manual_seed(5)
     a = 0.9 * torch.linalg.qr(torch.randn(12, 12, generator=g, dtype=torch.float64))[0]
@@ -382,7 +377,7 @@ def test_lean_record_keeps_the_general_records_history(
 def test_lean_record_hands_a_non_finite_iterate_to_the_general_path() -> None:
     """A sample that turns NaN after the lean path has taken over is still marked non-finite
     (its residual reads inf, never a pass), the others converge."""
-    from lowering.solvers import solve
+    from lowering.runtime.solvers import solve
 
     def f(z: torch.Tensor) -> torch.Tensor:
         out = 0.5 * z + 1.0

@@ -16,7 +16,8 @@ from convex_eq import L1, Dense, Input, Linear, Potential, SqNorm, State, Weight
 from convex_eq.errors import OptionError
 from convex_eq.inclusion import Saddle
 from lowering import lower
-from lowering.backward import AdjointConfig, FixedPointProblem, _AdjointSolve
+from lowering.runtime.backward import AdjointConfig, FixedPointProblem
+from lowering.runtime.backward.second_order import AdjointSolve as _AdjointSolve
 from tests.lowering.runtime.helpers import controlled_layer, gen, qp_module, small_dense
 
 T64 = F64 = torch.float64

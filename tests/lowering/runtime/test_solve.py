@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowering import solvers
-from lowering.solvers import grad_off, solve
+from lowering.runtime.grad_mode import grad_off, set_grad_enabled
+from lowering.runtime.solvers import solve
 
 
 @pytest.mark.parametrize("start", [True, False])
@@ -37,9 +37,8 @@ def test_grad_off_mutation(monkeypatch: pytest.MonkeyPatch) -> None:
         __slots__ = ()
 
         def __exit__(self, *exc: object) -> None:
-            solvers._set_grad_enabled(True)
+            set_grad_enabled(True)
 
-    monkeypatch.setattr(solvers, "grad_off", Broken)
     monkeypatch.setitem(globals(), "grad_off", Broken)
     with pytest.raises(AssertionError):
         test_grad_off_switches_off_and_restores(False)

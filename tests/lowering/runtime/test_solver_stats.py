@@ -9,8 +9,9 @@ import pickle
 import pytest
 import torch
 
-from lowering import solvers
-from lowering.solvers import SolverStats, get_solver, solve
+from lowering.runtime import solvers
+from lowering.runtime.solvers import SolverStats, get_solver, solve
+from lowering.runtime.solvers.stats import meets
 
 
 def _solve(solver: str = "plain", max_iter: int = 100):
@@ -73,4 +74,4 @@ def test_flags_compare_with_the_unrounded_tolerance(tol: float) -> None:
     st = solvers.SolverStats("t", r[:, None], None, None, tol, None, r)
     assert st.converged.tolist() == [False, True]
     assert st.iterations.tolist() == [1, 1]  # K = 1 for the sample that never met tol
-    assert not bool(solvers._meets(r[:1], tol)[0])
+    assert not bool(meets(r[:1], tol)[0])

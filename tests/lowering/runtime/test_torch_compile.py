@@ -153,7 +153,7 @@ def test_a_disabled_function_stays_untraced_under_a_compile_inside_another() -> 
     Pins: the inner function was traced into the user's graph."""
     import torch._dynamo  # what torch.compile imports (the wrapper then disables)
 
-    from lowering._compile import compile_disabled
+    from lowering.runtime.compile import compile_disabled
 
     seen: list[bool] = []
 

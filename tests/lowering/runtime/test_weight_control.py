@@ -16,7 +16,8 @@ from torch import nn
 import convex_eq as ce
 import lowering
 from convex_eq import Antiderivative, Constant, Input, SqNorm, State, Weight, models
-from lowering.weight_control import norm_conditions
+from lowering.runtime.parameters import raw_env
+from lowering.runtime.weight_control import norm_conditions
 from tests.lowering.helpers import randn
 from tests.lowering.runtime.helpers import controlled_layer, conv_layer, uneven_inputs
 
@@ -309,7 +310,7 @@ def test_half_precision_norm_is_measured_in_float32(dtype: torch.dtype) -> None:
                         -ce.SqNorm(ce.Weight("W", (48, 64), w0.numpy()) @ z)])
     mod = lowering.lower(obj).torch_module(dtype=dtype, weight_control="spectral_norm",
                                            margin=0.0)
-    env = mod._raw_env()
+    env = raw_env(mod)
     true = float(torch.linalg.matrix_norm(env["W"].double(), 2))
     sig, _ = mod.weight_control.norms(env)["W"]
     assert abs(sig - true) <= 1e-5 * true
