@@ -16,8 +16,8 @@ T64 = torch.float64
 
 
 def test_signal_resampling_has_an_exact_adjoint() -> None:
-    down = models._resample((3, 8), (3, 4), "P")
-    up = models._resample((3, 4), (3, 8), "Q")
+    down = models.resample((3, 8), (3, 4), "P")
+    up = models.resample((3, 4), (3, 8), "Q")
     g = torch.Generator().manual_seed(0)
     u, v = torch.randn(2, 24, generator=g, dtype=T64), torch.randn(2, 12, generator=g, dtype=T64)
     # 1e-12: both sides are sums of 24 float64 products of order 1
@@ -26,7 +26,7 @@ def test_signal_resampling_has_an_exact_adjoint() -> None:
     # averaging pairs: a constant signal stays constant
     assert torch.allclose(down.apply(torch.ones(1, 24, dtype=T64)), torch.ones(1, 12, dtype=T64))
     with pytest.raises(ShapeError):
-        models._resample((3, 8), (3, 3), "P")
+        models.resample((3, 8), (3, 3), "P")
 
 
 def test_popteq_branches_are_independent_conv_opteqs() -> None:
