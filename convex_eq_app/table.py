@@ -29,7 +29,6 @@ from torch import nn
 import lowering
 from convex_eq import models
 from convex_eq.errors import ConvergenceWarning
-from lowering.perturbation import cascade
 from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
 from .data import Dataset, mnist1d
@@ -116,8 +115,9 @@ def mopteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """Multi-scale conv MOptEq with ``cfg.mopteq_fusion`` (H or H&D) and PE training."""
     obj = models.conv_mopteq(shape, lam=cfg.lam, seed=seed, fusion=cfg.mopteq_fusion,
                              branch_inputs=True, **_branches(cfg))
-    return _classifier(obj, cfg, branch_bounds(cfg.mopteq_fusion),
-                       cascade=cascade(obj, cfg.pe_eps))
+    layer = lowering.perturbation_enhanced(lowering.lower(obj), cfg.pe_eps)
+    return EquilibriumClassifier(layer, _settings(cfg, branch_bounds(cfg.mopteq_fusion)),
+                                 pool="max", pooled=cfg.pooled)
 
 
 def popteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:

@@ -31,6 +31,23 @@ def register_emitter(backend: str) -> Callable[[Callable[..., torch.nn.Module]],
     return deco
 
 
+#: edits of a derived layer, ``name → edit(derived, **options) -> DerivedLayer`` (e.g. MOptEq's
+#: perturbation-enhanced branches); a layer records the edits applied to it in ``edits``, so it
+#: can be derived again from its objective (``lowering.lower.derive_again``, on unpickle)
+EDITS: dict[str, Callable[..., DerivedLayer]] = {}
+
+
+def register_edit(name: str) -> Callable[[Callable[..., DerivedLayer]],
+                                         Callable[..., DerivedLayer]]:
+    """Decorator entering ``edit(derived, **options)`` as the edit ``name``."""
+
+    def deco(edit: Callable[..., DerivedLayer]) -> Callable[..., DerivedLayer]:
+        EDITS[name] = edit
+        return edit
+
+    return deco
+
+
 @dataclass
 class DerivedLayer:
     """``z = T(z, x)`` derived from a hidden objective.
@@ -55,6 +72,11 @@ class DerivedLayer:
     #: the layer's outputs as nodes of the solved state (None: the state blocks themselves),
     #: e.g. ``z = prox_{αg}(u)`` of a Peaceman–Rachford layer whose state is ``u``
     outputs: list[tuple[Symbol, Node]] | None = None
+    #: the edits applied after ``lower``, in order: ``(name, options)`` of :data:`EDITS`
+    edits: tuple[tuple[str, dict[str, Any]], ...] = ()
+    #: ``(states, inputs, env) ↦ inputs`` at which the claim holds, when they differ from the
+    #: layer's own (flat batched tensors; None: the claim is about the layer's inputs)
+    claim_inputs: Callable[..., dict[str, torch.Tensor]] | None = None
 
     @property
     def output_blocks(self) -> list[Symbol]:

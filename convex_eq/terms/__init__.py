@@ -2,7 +2,7 @@
 
 from .base import Condition, Curvature, QuadPart, StrongConvexity, Term
 from .conjugate import SeparableAffineConjugate
-from .coupling import ChannelDecorrelation, Coupling
+from .coupling import ChannelDecorrelation, Coupling, SmoothChannelDecorrelation
 from .decorrelation import BatchDecorrelation
 from .gaussian_kernel import GaussianKernel, InputBandwidth, PatchGaussianKernel
 from .hsic import HSIC
@@ -17,5 +17,6 @@ __all__ = [
     "ChannelDecorrelation", "Condition", "Coupling", "Curvature", "FeatureIncay",
     "GaussianKernel", "InputBandwidth", "Linear", "LinfBallIndicator", "MoreauEnvelope",
     "PatchGaussianKernel", "Potential", "PotentialConjugate", "QuadPart", "QuadraticForm",
-    "SeparableAffineConjugate", "SqNorm", "StrongConvexity", "Term", "gram", "moreau",
+    "SeparableAffineConjugate", "SmoothChannelDecorrelation", "SqNorm", "StrongConvexity",
+    "Term", "gram", "moreau",
 ]

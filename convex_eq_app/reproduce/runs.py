@@ -148,16 +148,17 @@ def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
     import lowering
     from convex_eq import models
     from convex_eq_app.table import branch_bounds
-    from lowering.perturbation import cascade
     from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
     pe, fusion = float(kw.get("pe", 0.0)), str(kw.get("fusion", "HD"))
     obj = models.conv_mopteq(image=(1, SIGNAL), channels=max(2, b.width // 16), kernels=(3, 7),
                              scales=(1, 2), lam=0.05, fusion=fusion, seed=seed,
                              branch_inputs=pe > 0)
-    return EquilibriumClassifier(lowering.lower(obj),
-                                 TrainingSettings(weight_bounds=branch_bounds(fusion)),
-                                 pool="none", cascade=cascade(obj, pe) if pe > 0 else None)
+    layer = lowering.lower(obj)
+    if pe > 0:
+        layer = lowering.perturbation_enhanced(layer, pe)
+    return EquilibriumClassifier(layer, TrainingSettings(weight_bounds=branch_bounds(fusion)),
+                                 pool="none")
 
 
 @register_model("mlp")

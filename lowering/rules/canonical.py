@@ -63,7 +63,7 @@ def _interval_potential(act: Activation) -> bool:
     return act.name in ("relu", "hardtanh", "clamp", "identity")
 
 
-def _fixes_zero(act: Activation) -> bool:
+def fixes_zero(act: Activation) -> bool:
     """``σ(0) = 0`` (exactly, up to float rounding of the activation's own formula)."""
     return abs(float(act.sigma(torch.zeros(1, dtype=torch.float64))[0])) <= 1e-12
 
@@ -73,7 +73,7 @@ def composes(act: Activation, g: Term) -> str:
     if _interval_potential(act):
         return (f"f_σ is the indicator of an interval ({act.name}) and {g} is separable: in 1-D, "
                 "prox_{ι_I + g} = proj_I ∘ prox_g")
-    if getattr(g, "sign_subdifferential", False) and _fixes_zero(act):
+    if getattr(g, "sign_subdifferential", False) and fixes_zero(act):
         return (f"{g} = c|·| coordinate-wise (∂g depends on the sign only) and σ = {act.name} "
                 "is nondecreasing with σ(0) = 0, so σ keeps the sign of soft_c(v): "
                 "prox_{f_σ + c|·|} = σ ∘ soft_c")

@@ -1,6 +1,7 @@
 """A derived equilibrium layer as an image/signal classifier, with the settings that train.
 
-``EquilibriumClassifier(derived)``: ``x ↦ z*(x) ↦ pool each state block ↦ concatenate ↦ linear``
+``EquilibriumClassifier(derived)``: ``x ↦ g(x) ↦ z*(g(x)) ↦ pool each block ↦ concatenate ↦
+linear`` (``g`` an optional stem)
 (``logits = A·[P(z*_1); …; P(z*_k)] + c``, ``P`` adaptive max/average pooling to at most
 ``pooled`` positions per spatial axis).  The pooling never shrinks an axis below 1, so a
 ``(C, 1, W)`` or ``(C, L)`` state (1-D signals) is handled like a ``(C, H, W)`` one; a multi-block
@@ -24,7 +25,6 @@ import torch
 from torch import nn
 
 from convex_eq.errors import OptionError
-from lowering.perturbation import Cascade
 
 from .solvers import SolverStats
 from .weight_control import controlled_conditions
@@ -141,32 +141,28 @@ def _pool(kind: str, block_shape: tuple[int, ...], pooled: int) -> tuple[nn.Modu
 
 
 class EquilibriumClassifier(nn.Module):
-    """``logits = Linear(concat_i pool(z*_i(x)))`` on a derived equilibrium layer.
+    """``logits = Linear(concat_i pool(z*_i(g(x))))`` on a derived equilibrium layer.
 
-    ``derived``: a :class:`~lowering.derived.DerivedLayer` (``lowering.lower(objective)``);
-    ``settings``: the module options (:class:`TrainingSettings`); ``pool``: ``"max"``,
+    ``derived``: a :class:`~lowering.derived.DerivedLayer` (``lowering.lower(objective)``, or a
+    layer edited after it, e.g. :func:`lowering.perturbation_enhanced`); ``settings``: the
+    module options (:class:`TrainingSettings`); ``stem``: a module computing the feature
+    ``g(x)`` the layer reads (trained with it; None: ``g(x) = x``); ``pool``: ``"max"``,
     ``"avg"`` or ``"none"`` (flatten); ``pooled``: positions kept per spatial axis (never more
     than the axis has: 1-row states work); ``classes``: output size.  A layer with one input
-    per branch reads the same ``x`` in every branch, or, in training mode with ``cascade``
-    (:func:`lowering.perturbation.cascade`), the perturbation-enhanced inputs
-    ``x - δ_{i-1}``.  ``input_shape``: reshape each sample to it first (e.g. a ``(C, L)``
-    signal read by a layer declared on ``(C, 1, L)`` images)."""
+    per branch reads the same ``g(x)`` in every branch.  ``input_shape``: reshape each sample
+    to it first (e.g. a ``(C, L)`` signal read by a layer declared on ``(C, 1, L)`` images)."""
 
     def __init__(self, derived: Any, settings: TrainingSettings | None = None, *,
                  pool: str = "max", pooled: int = 4, classes: int = 10,
-                 cascade: Cascade | None = None, input_shape: tuple[int, ...] | None = None):
+                 stem: nn.Module | None = None, input_shape: tuple[int, ...] | None = None):
         super().__init__()
         self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.settings = settings or TrainingSettings()
+        self.stem = stem.to(self.settings.dtype) if stem is not None else None
         self.eq = derived.torch_module(**self.settings.module_options(derived))
         self.input_names = [s.name for s in derived.inputs]
-        if cascade is not None and cascade.branches != self.input_names:
-            raise OptionError(f"the cascade's branches {cascade.branches} are not the layer's "
-                              f"inputs {self.input_names}", term="EquilibriumClassifier",
-                              hint="build the cascade from the same objective")
-        self.cascade = cascade
         pools, width = [], 0
-        for b in derived.blocks:
+        for b in derived.output_blocks:
             p, k = _pool(pool, tuple(b.shape), pooled)
             pools.append(p)
             width += k
@@ -175,12 +171,14 @@ class EquilibriumClassifier(nn.Module):
         self.features_dim = width
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """The layer's input: ``x`` in the module's dtype, reshaped to ``input_shape``."""
+        """The layer's input ``g(x)``: ``x`` in the module's dtype, reshaped to
+        ``input_shape``, through the stem."""
         x = x.to(self.settings.dtype)
-        return x if self.input_shape is None else x.reshape(x.shape[0], *self.input_shape)
+        x = x if self.input_shape is None else x.reshape(x.shape[0], *self.input_shape)
+        return x if self.stem is None else self.stem(x)
 
     def features(self, x: torch.Tensor) -> Any:
-        """The equilibrium ``z*(x)`` (a tensor, or a tuple of blocks) of the shared input."""
+        """The equilibrium ``z*(g(x))`` (a tensor, or a tuple of blocks)."""
         return self.eq(self._shared(self.prepare(x)))
 
     def measure(self, x: torch.Tensor) -> SolverStats:
@@ -194,27 +192,14 @@ class EquilibriumClassifier(nn.Module):
         return x if len(self.input_names) == 1 else {n: x for n in self.input_names}
 
     def layer_inputs(self, x: torch.Tensor) -> Any:
-        """What the equilibrium layer reads for ``x`` (clean): the prepared tensor, or a dict
-        giving it to every branch input."""
+        """What the equilibrium layer reads for ``x``: ``g(x)``, or a dict giving it to every
+        branch input."""
         return self._shared(self.prepare(x))
 
     def _equilibrium(self, x: torch.Tensor, sample_ids: torch.Tensor | None = None) -> Any:
         if sample_ids is not None:
-            if self.cascade is not None and self.training:
-                raise OptionError("warm starts (sample_ids) do not apply to a perturbation "
-                                  "cascade: its second solve reads inputs that change with the "
-                                  "weights", term="EquilibriumClassifier",
-                                  hint="train the cascade without warm starts")
             return self.eq(self._shared(x), sample_ids=sample_ids)
-        if self.cascade is None or not self.training:
-            return self.eq(self._shared(x))
-        with torch.no_grad():
-            z = self.eq(self._shared(x))
-            blocks = z if isinstance(z, tuple) else (z,)
-            states = {b.name: t.reshape(t.shape[0], -1)
-                      for b, t in zip(self.eq.blocks, blocks)}
-            inputs = self.cascade.inputs(x, states, self.eq.env())
-        return self.eq(inputs)
+        return self.eq(self._shared(x))
 
     def pooled_features(self, z: Any) -> torch.Tensor:
         """``[P(z_1); …; P(z_k)]`` of an equilibrium (one row per sample)."""
@@ -229,9 +214,6 @@ class EquilibriumClassifier(nn.Module):
     def enable_warm_start(self, size: int) -> Any:
         """Warm starts of the equilibrium layer for ``size`` samples
         (:meth:`~lowering.runtime.module.EquilibriumModule.enable_warm_start`)."""
-        if self.cascade is not None:
-            raise OptionError("warm starts do not apply to a perturbation cascade",
-                              term="EquilibriumClassifier", hint="train it without them")
         return self.eq.enable_warm_start(size)
 
     def solver_stats(self) -> StepStats:

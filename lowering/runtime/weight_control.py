@@ -381,11 +381,13 @@ class _FirstOrderNorm(torch.autograd.Function):
 
 def _operator_for(derived: Any, name: str) -> Any:
     """The linear operator applying weight ``name`` (a Dense wrapper for plain matrices)."""
-    from convex_eq.operators import Compose, Dense
+    from convex_eq.operators import Adjoint, Compose, Dense
 
     def walk(op: Any) -> Any:
         if isinstance(op, Compose):
             return walk(op.A) or walk(op.B)
+        if isinstance(op, Adjoint):  # ||Aᵀ||₂ = ||A||₂: the weight of A is the one controlled
+            return walk(op.A)
         syms = op.symbols() if hasattr(op, "symbols") else []
         if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv1d",
                                                                               "Conv2d"):
