@@ -268,9 +268,10 @@ def write_plots(out: Path, results: list[Result], traces: dict[str, ResidualTrac
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    few = max((len(tr.returned) for tr in traces.values()), default=0) <= 15
     for s, tr in traces.items():
         k = np.arange(1, len(tr.returned) + 1)
-        style = {"marker": "o", "ms": 3} if len(k) <= 15 else {}
+        style = {"marker": "o", "ms": 3} if few else {}  # the same style for every solver
         (line,) = ax.semilogy(k, tr.returned, label=f"{s} (returned iterate)", **style)
         if np.any(tr.last > 1.5 * tr.returned):  # visibly above: the iterates went back up
             ax.semilogy(k, tr.last, ls=":", lw=1, color=line.get_color(),

@@ -79,6 +79,10 @@ def test_outside_reference_check_can_fail() -> None:
 MD_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 
+#: a fenced code block
+FENCE = re.compile(r"^```.*?^```", flags=re.M | re.S)
+
+
 #: a path in backquotes that names a file of the repository (``examples/models.py``)
 CODE_PATH = re.compile(r"`((?:convex_eq|lowering|verify|examples|benchmarks|docs|tests)/[\w./-]*)`")
 
@@ -87,6 +91,7 @@ def broken_links(md: Path, text: str) -> list[str]:
     """Relative Markdown links and backquoted repository paths of ``md`` that do not exist (or leave
     the repository)."""
     bad = []
+    text = FENCE.sub("", text)  # code blocks hold code and program output, not links
     targets = [a or b for a, b in MD_LINK.findall(text)]
     for t in targets:
         if re.match(r"^[a-z][a-z0-9+.-]*:", t) or t.startswith("#"):
@@ -111,6 +116,7 @@ def test_link_check_can_fail() -> None:
     assert broken_links(readme, "see [the theory](docs/no_such_page.md)")
     assert broken_links(readme, "see [outside](../shared/MATH.md)")
     assert broken_links(readme, "run `examples/no_such_example.py`")
+    assert not broken_links(readme, "```text\nprox_{M¹[0.05·||z||₁]}(z)\n```\n")
     assert not broken_links(readme, "see [the theory](docs/theory.md#notation), [pypi](https://pypi.org)")
 
 
