@@ -342,9 +342,10 @@ COLUMNS = {
                            "{tol:g})",
     "verification": "worst relative state error ||z − z_ref|| / max(||z_ref||, 0.01) of the "
                     "trained layer against the reference docs/theory.md §9 prescribes, on "
-                    "{k} test input(s); in parentheses the reference (cvxpy: a conic solve; "
-                    "local: multi-start local minimization), the claim it confirmed and the "
-                    "verdict",
+                    "{k} test input(s) (where a reference gives no state: the fixed-point "
+                    "residual ||z − T(z)|| / max(1, ||z||)); in parentheses the reference "
+                    "(cvxpy: a conic solve; local: multi-start local minimization), the claim "
+                    "it confirmed and the verdict",
     "train time (s)": "wall time of the model's training loop in its worker process (all "
                       "epochs, with the per-epoch test evaluation)",
 }

@@ -294,7 +294,9 @@ COLUMNS = {
     "verification of the trained layer": "worst relative state error ||z − z_ref|| / "
                                          "max(||z_ref||, 0.01) against the reference "
                                          "docs/theory.md §9 prescribes, on the held-out inputs "
-                                         "verified; the reference, the claim and the verdict",
+                                         "verified (where a reference gives no state: the "
+                                         "fixed-point residual ||z − T(z)|| / max(1, ||z||)); "
+                                         "the reference, the claim and the verdict",
 }
 
 

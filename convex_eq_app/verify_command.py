@@ -98,12 +98,12 @@ COLUMNS = {
     "not judged)",
     "# / label": "the input sample and what its equilibrium was verified to be (minimizer, "
     "local minimizer, stationary point, ...)",
-    "rel. error": "||z − z_ref|| / max(||z_ref||, 0.01): the layer's equilibrium against the "
-    "reference's state",
+    "rel. error": "||z − z_ref|| / max(||z_ref||, floor): the layer's equilibrium against the "
+    "reference's state (floor: the tolerances' scale_floor, 0.01 unless set)",
     "gap": "(G(z) − G(z_ref)) / max(1, |G(z_ref)|): the objective at the layer's equilibrium "
     "above the reference's",
-    "residual": "relative fixed-point residual ||T(z) − z|| / ||T(z)|| of the layer's "
-    "equilibrium",
+    "residual": "fixed-point residual ||z − T(z)|| / max(1, ||z||) of the equilibrium verify "
+    "solved with the layer's map",
     "stationarity": "the objective's first-order optimality residual at the layer's "
     "equilibrium, measured independently of the layer",
     "ref. status": "the reference solver's status",

@@ -105,7 +105,8 @@ class SampleResult:
     reference_objective: float | None = None
     #: normalized ``(G(z) - G_ref) / max(1, |G_ref|)``
     gap: float | None = None
-    #: the relative fixed-point residual ``||T(z) − z|| / ||T(z)||`` of the layer's equilibrium
+    #: the fixed-point residual ``||z − T(z)|| / max(1, ||z||)`` of the equilibrium verify
+    #: solved with the layer's map (tight tolerance)
     residual: float = math.nan
     #: the objective's first-order optimality residual at the layer's equilibrium, measured
     #: independently of the layer
@@ -502,7 +503,8 @@ class InclusionReport:
     z_reference: np.ndarray | None = None
     #: verify's own tight solve of the layer
     equilibrium: EquilibriumInfo | None = None
-    #: the relative fixed-point residual of the layer's solution, per sample
+    #: the fixed-point residual ``||z − T(z)|| / max(1, ||z||)`` of verify's solution of the
+    #: layer's map, per sample
     residuals: list[float] = field(default_factory=list)
     #: the claim's kind
     claim_kind: str = "inclusion"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from convex_eq_app.cli import main
-from convex_eq_app.results import load, render
+from convex_eq_app.results import images_of, load, render
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "results.md"
@@ -25,7 +25,12 @@ def sources() -> list[str]:
 def test_results_page_is_what_the_generator_renders_from_the_committed_json() -> None:
     srcs = sources()
     assert {"demo", "train-table", "reproduce"} <= {load(ROOT / s)["kind"] for s in srcs}
-    assert render([load(ROOT / s) for s in srcs], srcs) == PAGE.read_text(encoding="utf-8")
+    images = [images_of(s, PAGE.relative_to(ROOT), ROOT) for s in srcs]
+    assert images[0] and all(img.endswith(".png") for img in images[0])  # the demo's plots
+    page = render([load(ROOT / s) for s in srcs], srcs, images)
+    assert page == PAGE.read_text(encoding="utf-8")
+    for img in images[0]:
+        assert f"]({img})" in page and (PAGE.parent / img).is_file()
 
 
 def test_every_section_is_headed_by_its_provenance() -> None:
@@ -54,7 +59,14 @@ def test_cli_writes_the_page(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert main(["results", "--from", *srcs, "--out", str(out)]) == 0
     finally:
         os.chdir(cwd)
-    assert out.read_text(encoding="utf-8") == PAGE.read_text(encoding="utf-8")
+    written = out.read_text(encoding="utf-8")
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", written)
+    assert links and all((out.parent / link).is_file() for link in links)  # relative to it
+
+    def text(page: str) -> str:
+        return re.sub(r"!\[[^\]]*\]\([^)]+\)", "", page)
+
+    assert text(written) == text(PAGE.read_text(encoding="utf-8"))
 
 
 def test_a_record_without_provenance_is_refused(tmp_path: Path,
