@@ -33,11 +33,18 @@ class TermSum(Protocol):
 class Certificate:
     """Result of ``objective.certificate(...)``: the claim and whether it holds at these weights."""
 
+    #: ``"convex"`` (unconditionally), ``"conditional"`` (convex under ``conditions``) or
+    #: ``"nonconvex"``
     kind: str  # "convex" | "conditional" | "nonconvex"
+    #: the conditions on the weights under which the objective is convex (e.g. ``||W||₂ ≤ 1``)
     conditions: list[Condition] = field(default_factory=list)
+    #: each condition's left-hand side at the evaluated weights, in the order of ``conditions``
     values: list[float] = field(default_factory=list)
+    #: True if every condition holds at the evaluated weights
     holds: bool = True
+    #: the terms that make the objective nonconvex (``kind == "nonconvex"``)
     nonconvex_terms: list[str] = field(default_factory=list)
+    #: why the objective is not certified convex (``kind == "nonconvex"``)
     reason: str = ""
 
     @property
@@ -47,6 +54,7 @@ class Certificate:
 
     @property
     def text(self) -> str:
+        """One line: ``convex``, ``convex if ||W||₂ ≤ 1 (now 0.9)`` or ``not convex: <why>``."""
         if self.kind == "convex":
             return "convex"
         if self.kind == "conditional":
@@ -56,6 +64,8 @@ class Certificate:
         return f"not convex: {self.reason}"
 
     def long_text(self) -> str:
+        """``text`` with what it means for the equilibria (stationary points only when not
+        convex; a violated condition certifies nothing)."""
         if self.kind == "nonconvex":
             return f"{self.text} — equilibria are stationary points, not certified minimizers"
         if self.kind == "conditional" and not self.holds:

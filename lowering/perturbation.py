@@ -28,10 +28,15 @@ from .trace import Claim, ClaimKind, Contraction, Step
 class Perturbation:
     """``δ(z, x) = -ε·sign(∇_x G(z; x))`` with its derivation; ``exact`` iff G is affine in x."""
 
+    #: the objective the perturbation is derived from
     objective: Objective
+    #: the size ``ε`` of the perturbation (``||δ||∞ ≤ ε``)
     eps: float
+    #: the terms of ``G`` that read an input (their input gradients give ``δ``)
     terms: list[Term]
+    #: True if ``G`` is affine in ``x``: then ``δ`` is the exact worst case, otherwise first-order
     exact: bool
+    #: ``δ`` as text (``ε·sign(…)``, one ``δ_name = …`` per input when there are several)
     formula: str
 
     def delta(self, values: dict[str, torch.Tensor], env: Env | None = None

@@ -55,9 +55,13 @@ NEEDS_CERTIFICATE = ("minimizer", "modified minimizer", "inclusion")
 class CertificateAt:
     """The certificate evaluated at the verified weights."""
 
+    #: the certificate as one line, with the conditions' values at these weights
     text: str
+    #: ``"convex"``, ``"conditional"`` or ``"nonconvex"``
     kind: str
+    #: True if the objective is certified convex at these weights (every condition holds)
     certified: bool
+    #: the conditions that fail at these weights, as text
     violated: list[str] = field(default_factory=list)
 
 

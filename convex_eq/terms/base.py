@@ -116,6 +116,8 @@ class Term:
     label: str = "term"
     #: curvature of f itself (before the coefficient), unconditional
     base_curvature: str = "unknown"
+    #: True if ``f`` is differentiable (the lowering may take a gradient step on it); False if
+    #: it is used through its prox or not at all
     smooth: bool = False
     #: True if the term couples samples of a batch (batch decorrelation)
     batch_coupled: bool = False

@@ -14,7 +14,6 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -346,9 +345,12 @@ def _corruptions(model: nn.Module, b: Budget, spec: RunSpec) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- running
-def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
-    """Build, train (shared loop) and evaluate one run; returns its metrics (picklable).  A run
-    with the parameter ``reduced=True`` uses :meth:`Budget.reduced`."""
+def train_one(spec: RunSpec, budget: Budget, state: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    """Build, train (shared loop) and evaluate one run; returns its metrics (picklable) and
+    fills ``state`` with the trained model's ``state_dict`` when given.  A run with the
+    parameter ``reduced=True`` uses :meth:`Budget.reduced`."""
+    from convex_eq_app.progress import cpu_state, report_epoch
     from convex_eq_app.training import TrainConfig, fit
 
     if spec.kwargs.get("reduced"):
@@ -364,7 +366,8 @@ def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
     cfg = TrainConfig(epochs=budget.epochs, batch=budget.batch, lr=budget.lr, seed=spec.seed,
                       device=budget.device)
     data = flat(dataset(budget))
-    res = fit(model, data, cfg, spec.label())
+    res = fit(model, data, cfg, spec.label(),
+              on_epoch=lambda row: report_epoch(spec.label(), row))
     hist = res.history[-1] if res.history else {}
     steps = budget.epochs * math.ceil(len(data.y_train) / budget.batch)
     out: dict[str, Any] = {
@@ -378,6 +381,8 @@ def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
             raise OptionError(f"unknown evaluation {e!r}", term="reproduce",
                               hint=f"one of {sorted(EVALUATORS)}")
         out[e] = EVALUATORS[e](model, budget, spec)
+    if state is not None:
+        state.update(cpu_state(model))
     return _finite(out)
 
 
@@ -404,10 +409,6 @@ def merge(specs: Sequence[RunSpec]) -> list[RunSpec]:
         else:
             out[s.key] = s
     return list(out.values())
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)
 
 
 class RunCache:
@@ -441,16 +442,28 @@ class RunCache:
             f.write(json.dumps(e) + "\n")
 
 
-def _timed(spec: RunSpec, budget: Budget) -> tuple[dict[str, Any], float]:
+def _timed(job: tuple[RunSpec, Budget]) -> tuple[dict[str, Any], float, dict[str, Any]]:
+    spec, budget = job
     t0 = time.perf_counter()
-    m = train_one(spec, budget)
-    return m, time.perf_counter() - t0
+    state: dict[str, Any] = {}
+    m = train_one(spec, budget, state)
+    return m, time.perf_counter() - t0, state
+
+
+def epochs_of(spec: RunSpec, budget: Budget) -> int:
+    """Epochs run ``spec`` trains for (the reduced budget's for a ``reduced`` run)."""
+    return (budget.reduced() if spec.kwargs.get("reduced") else budget).epochs
 
 
 def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None] = print,
-            cache: RunCache | None = None) -> Results:
-    """Train every run not in ``cache`` (in ``budget.workers`` processes when > 1); logs one
-    line per run.  ``Results.reused_seconds``: the recorded wall seconds of the reused runs."""
+            cache: RunCache | None = None, progress: bool = True,
+            checkpoints: Path | None = None) -> Results:
+    """Train every run not in ``cache`` (in ``budget.workers`` processes when > 1, a progress
+    bar counting epochs); logs one line per run and, with ``checkpoints`` (a folder), writes
+    each trained model's ``state_dict`` to ``checkpoints/checkpoints/<run>.pt``.
+    ``Results.reused_seconds``: the recorded wall seconds of the reused runs."""
+    from convex_eq_app.progress import run_all, save_checkpoint
+
     cache = cache or RunCache(None, budget)
     results = Results()
     todo = []
@@ -464,22 +477,19 @@ def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None]
     if results.reused:
         log(f"reusing {len(results.reused)} finished runs from {cache.path}")
     t0 = time.perf_counter()
+    count = [0]
 
-    def done(i: int, spec: RunSpec, m: dict[str, Any], sec: float) -> None:
+    def done(job: tuple[RunSpec, Budget], res: tuple[dict[str, Any], float, dict]) -> None:
+        spec, (m, sec, state) = job[0], res
+        count[0] += 1
         results.by_key[spec.key] = m
         cache.put(spec, m, sec)
-        log(f"[{i:3d}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {spec.label()}: "
+        if checkpoints is not None:
+            save_checkpoint(state, checkpoints, spec.label())
+        log(f"[{count[0]:3d}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {spec.label()}: "
             f"acc {100 * m['accuracy']:.1f} % ({m['train_time']:.1f} s)")
 
-    if budget.workers <= 1:
-        for i, s in enumerate(todo, 1):
-            done(i, s, *_timed(s, budget))
-        return results
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(budget.workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futs = {pool.submit(_timed, s, budget): s for s in todo}
-        for i, f in enumerate(as_completed(futs), 1):
-            done(i, futs[f], *f.result())
+    run_all(_timed, [(s, budget) for s in todo], workers=budget.workers,
+            epochs=sum(epochs_of(s, budget) for s in todo), desc="reproduce",
+            enabled=progress, on_done=done)
     return results

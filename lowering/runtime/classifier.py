@@ -40,18 +40,28 @@ class TrainingSettings:
     that stops at its cap as a warning (``on_nonconvergence``), keep certified norms (and
     ``weight_bounds``) below their bounds minus ``margin`` by spectral-norm control."""
 
+    #: the forward solver
     solver: str = "anderson"
     #: the adjoint's solver (None: ``solver``); ``"auto"`` takes a direct solve when small,
     #: conjugate gradients on a symmetric adjoint system (the canonical OptEq's), else plain
     #: iteration continued by Anderson (docs/theory.md §8)
     backward_solver: str | None = None
+    #: relative-residual tolerance of the forward and adjoint solves
     tol: float = 1e-4
+    #: forward iteration cap
     max_iter: int = 40
+    #: the adjoint's iteration cap is ``backward_factor·max_iter``
     backward_factor: int = 2
+    #: what a solve that stops at its cap does (``"warn"``: training goes on with the best
+    #: iterate; the training loop counts these steps)
     on_nonconvergence: str = "warn"
+    #: controlled norms stay at most ``bound − margin``
     margin: float = 0.02
+    #: extra spectral-norm bounds per weight name
     weight_bounds: dict[str, float] | None = None
+    #: dtype of the layer and the head
     dtype: torch.dtype = torch.float32
+    #: the backward strategy (``"implicit"``, ``"phantom"``, ``"unroll"``)
     backward: str = "implicit"
 
     def module_options(self, derived: Any) -> dict[str, Any]:
