@@ -8,10 +8,11 @@
   ``f_l = αW_lᵀσ(W_l z + U_l x + b_l) + (1-α)z``;
 * ``geq``: GEQ/KerDEQ (docs/theory.md §3 rows 2-3), Gaussian-kernel similarity, whole or
   patch-split;
-* ``mopteq``: MOptEq with HH&D fusion (docs/theory.md §3 row 4), per-branch linear kernels
-  ``+ ½ΣH - (λ/2)ΣD``; ``conv_mopteq``: its multi-branch, multi-scale convolutional form on
-  signals or images (``fusion="none"``: the POptEq baseline; ``branch_inputs=True``: one input
-  per branch for the perturbation-enhanced cascade of ``lowering.perturbation``).
+* ``mopteq``: MOptEq with HH&D fusion on the signed branch states ``z̃_i = W_iᵀy_i``
+  (docs/theory.md §3 row 4), ``− ½ΣH(z̃) + (λ/2)ΣD(z̃)``; ``conv_mopteq``: its multi-branch,
+  multi-scale convolutional form on signals or images (``fusion="none"``: the POptEq baseline;
+  ``branch_inputs=True``: one input per branch, for the perturbation-enhanced layer
+  :func:`lowering.perturbation_enhanced`).
 """
 
 from .geq import geq, patch_weight

@@ -21,7 +21,7 @@ def _pe_module():
 
 
 def test_pe_module_verifies_at_the_frozen_perturbed_inputs() -> None:
-    obj, pe, m = _pe_module()
+    obj, _, m = _pe_module()
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3), dtype=T64)
     rep = verify.check(m, {"x1": x, "x2": x})
     assert rep.passed, rep.failures
