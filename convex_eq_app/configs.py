@@ -80,14 +80,19 @@ class TableConfig:
     tol: float = 1e-4
     max_iter: int = 30
     alpha: float = 0.5
-    pe_eps: float = 0.05
-    lam: float = 0.05
-    #: MOptEq fusion of the table's row: "H" (smooth coupling; the solves converge like
-    #: POptEq's) or "HD" (with the nonsmooth decorrelation D, whose a.e. gradient stalls the
-    #: solver at the iteration cap: about 10× the cost of a conv OptEq epoch)
-    mopteq_fusion: str = "H"
+    #: MOptEq: PE's ε (the paper's 0.1), λ of D (≈ 1/(3C): the paper's 0.01 at C = 32), the
+    #: Huber width of the smoothed D, and ζ, the bound on every ||W_i||₂ of MOptEq and POptEq
+    pe_eps: float = 0.1
+    lam: float = 0.02
+    width: float = 1.0
+    zeta: float = 0.9
+    #: channels of the stem Conv1d(1, C, 3) + ReLU that computes g(x) for the multi-branch models
+    stem: int = 16
     gamma: float = 0.05
-    seeds: tuple[int, ...] = (0,)
+    #: held-out signals: the 12 000 drawn apart by the generator ("mnist1d-large-test") or the
+    #: package's 1000 ("mnist1d")
+    dataset: str = "mnist1d-large-test"
+    seeds: tuple[int, ...] = (0, 1, 2)
     models: tuple[str, ...] = ()
     val: bool = False
     device: str = "cpu"
@@ -100,7 +105,7 @@ class TableConfig:
     def quick_config(cls) -> TableConfig:
         """The smoke run: 4 channels, kernel 3, one epoch on 256 signals."""
         return cls(channels=4, kernel=3, pooled=4, epochs=1, seeds=(0,), quick=True,
-                   train_subset=256, max_iter=20)
+                   train_subset=256, max_iter=20, stem=2, dataset="mnist1d")
 
 
 @dataclass(frozen=True)

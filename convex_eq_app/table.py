@@ -30,7 +30,7 @@ from convex_eq.errors import ConvergenceWarning
 from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
 from .configs import TableConfig
-from .data import Dataset, mnist1d
+from .data import Dataset, load
 from .results import PUBLISHED
 from .training import Result, TrainConfig, fit, n_params, verify_layer
 
@@ -58,32 +58,68 @@ def deep_opteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module
     return _classifier(obj, cfg)
 
 
-def _branches(cfg: TableConfig) -> dict[str, Any]:
-    return {"channels": cfg.channels // 2, "kernels": (cfg.kernel, 2 * cfg.kernel + 1),
-            "scales": (1, 2)}
+def stem(channels: int, shape: tuple[int, ...]) -> nn.Module:
+    """``g(x) = relu(conv₃(x))``: ``shape[0] → channels`` feature maps of the same length."""
+    return nn.Sequential(nn.Conv1d(shape[0], channels, 3, padding=1), nn.ReLU())
 
 
-def branch_bounds(fusion: str) -> dict[str, float]:
-    """``||W_i||₂`` bounds that keep the smooth quadratic part convex: ``1 - ||W_i||² -
-    ||P||₂ ≥ 0`` with the coupling (``||P||₂ = 1/√2`` for pairwise averaging), ``||W_i|| ≤ 1``
-    without it (POptEq: independent OptEq branches)."""
-    b = 1.0 if fusion == "none" else math.sqrt(1.0 - 1.0 / math.sqrt(2.0))
-    return {"W1": b, "W2": b}
+def _branch_channels(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> int:
+    """Channels per branch that bring POptEq (the multi-branch family without D's parameter-free
+    terms, hence all of them) closest to the conv OptEq's parameter count."""
+    target = n_params(conv_opteq(cfg, shape, seed))
+
+    def count(c: int) -> int:
+        obj = models.conv_mopteq((cfg.stem, shape[-1]), channels=c, kernels=(3, cfg.kernel),
+                                 scales=(1, 2), fusion="none", seed=seed)
+        return n_params(EquilibriumClassifier(lowering.lower(obj), _settings(cfg), pool="max",
+                                              pooled=cfg.pooled, stem=stem(cfg.stem, shape)))
+
+    lo, hi = 2, max(4, cfg.channels)
+    while lo < hi:  # the count grows with c
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) < target else (lo, mid)
+    return min((max(2, lo - 1), lo), key=lambda c: abs(count(c) - target))
 
 
-def mopteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
-    """Multi-scale conv MOptEq with ``cfg.mopteq_fusion`` (H or H&D) and PE training."""
-    obj = models.conv_mopteq(shape, lam=cfg.lam, seed=seed, fusion=cfg.mopteq_fusion,
-                             branch_inputs=True, **_branches(cfg))
-    layer = lowering.perturbation_enhanced(lowering.lower(obj), cfg.pe_eps)
-    return EquilibriumClassifier(layer, _settings(cfg, branch_bounds(cfg.mopteq_fusion)),
-                                 pool="max", pooled=cfg.pooled)
+def branch_bounds(cfg: TableConfig) -> dict[str, float]:
+    """``||W_i||₂ ≤ ζ`` for both branches, the same for MOptEq and POptEq (H only: ``Lip(T) ≤
+    ζ²·||P||₂``, docs/theory.md §3.2)."""
+    return {"W1": cfg.zeta, "W2": cfg.zeta}
+
+
+def _multibranch(cfg: TableConfig, shape: tuple[int, ...], seed: int, *, fusion: str,
+                 decorrelation: str = "smooth", pe: bool = False) -> nn.Module:
+    c = _branch_channels(cfg, shape, seed)
+    obj = models.conv_mopteq((cfg.stem, shape[-1]), channels=c, kernels=(3, cfg.kernel),
+                             scales=(1, 2), lam=cfg.lam, fusion=fusion,
+                             decorrelation=decorrelation, width=cfg.width, seed=seed,
+                             branch_inputs=pe)
+    layer = lowering.lower(obj)
+    if pe:
+        layer = lowering.perturbation_enhanced(layer, cfg.pe_eps)
+    torch.manual_seed(seed)
+    return EquilibriumClassifier(layer, _settings(cfg, branch_bounds(cfg)), pool="max",
+                                 pooled=cfg.pooled, stem=stem(cfg.stem, shape))
 
 
 def popteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
-    """POptEq: the same branches without fusion (MOptEq's parallel baseline)."""
-    obj = models.conv_mopteq(shape, seed=seed, fusion="none", **_branches(cfg))
-    return _classifier(obj, cfg, branch_bounds("none"))
+    """POptEq (MOptEq paper Eq. 10): stem, two independent conv OptEq branches at scales 1, 2."""
+    return _multibranch(cfg, shape, seed, fusion="none")
+
+
+def mopteq_paper_d(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """MOptEq with H and the paper's D (|·|: discontinuous, no fixed point guaranteed)."""
+    return _multibranch(cfg, shape, seed, fusion="HD", decorrelation="sign")
+
+
+def mopteq_smooth_d(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """MOptEq with H and the Huber-smoothed D (a continuous layer)."""
+    return _multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth")
+
+
+def mopteq_pe(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """MOptEq (smoothed D) with perturbation-enhanced branches (Algorithm 2, ε = cfg.pe_eps)."""
+    return _multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth", pe=True)
 
 
 def geq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
@@ -126,23 +162,28 @@ def cnn_with(params: int, length: int = 40) -> nn.Module:
 #: the table's equilibrium models by name
 EQ_MODELS: dict[str, Callable[[TableConfig, tuple[int, ...], int], nn.Module]] = {
     "conv OptEq": conv_opteq,
-    "deep OptEq (L=2)": deep_opteq,
-    "MOptEq (PE)": mopteq,
     "POptEq": popteq,
+    "MOptEq (H&D, paper's D)": mopteq_paper_d,
+    "MOptEq (H&D, smoothed D)": mopteq_smooth_d,
+    "MOptEq (smoothed D) + PE": mopteq_pe,
     "GEQ (patch, channel split)": geq,
+    "deep OptEq (L=2)": deep_opteq,
+    "MON": mon,
 }
-if hasattr(models, "mon"):
-    EQ_MODELS["MON"] = mon
 MLP, CNN = "MLP (same #params)", "CNN (same #params)"
-#: measured cost order (most expensive first): the PE cascade solves twice and the H&D solve is
-#: nonsmooth
-COST_RANK = {n: i for i, n in enumerate(["MOptEq (PE)", "conv OptEq", "MON",
-                                         "GEQ (patch, channel split)", "deep OptEq (L=2)",
-                                         "POptEq", CNN, MLP])}
+#: the models trained when none are named
+DEFAULT_MODELS = ("conv OptEq", "POptEq", "MOptEq (H&D, paper's D)", "MOptEq (H&D, smoothed D)",
+                  "MOptEq (smoothed D) + PE", "GEQ (patch, channel split)", CNN, MLP)
+#: measured cost order (most expensive first): the paper's D stalls the solver at its cap, PE's
+#: branch input is recomputed in every evaluation
+COST_RANK = {n: i for i, n in enumerate(["MOptEq (H&D, paper's D)", "MOptEq (smoothed D) + PE",
+                                         "MOptEq (H&D, smoothed D)", "POptEq",
+                                         "GEQ (patch, channel split)", "conv OptEq", "MON",
+                                         "deep OptEq (L=2)", CNN, MLP])}
 
 
 def model_names(cfg: TableConfig) -> list[str]:
-    return list(cfg.models) if cfg.models else [*EQ_MODELS, MLP, CNN]
+    return list(cfg.models) if cfg.models else list(DEFAULT_MODELS)
 
 
 def build(name: str, cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
@@ -178,7 +219,7 @@ class Row:
 
 
 def table_data(cfg: TableConfig) -> Dataset:
-    data = mnist1d()
+    data = load(cfg.dataset)
     if cfg.val:
         data = data.validation_split(0.1, seed=0)
     if cfg.train_subset:

@@ -139,13 +139,12 @@ def _geq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
 @register_model("mopteq")
 def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
     """MOptEq (:func:`convex_eq.models.conv_mopteq`): two 1-D conv branches of ``max(2, w/16)``
-    channels at scales 1 and 2 (kernels 3 and 7), ``λ = 0.05``, ``||W_i||₂`` bounded so that the
-    smooth quadratic part stays convex with the coupling (the MNIST-1D table's branches);
-    ``fusion`` ``"HD"`` | ``"H"`` | ``"none"`` (POptEq); ``pe`` > 0: trained with the
-    perturbation-enhanced cascade of that ε (:func:`lowering.perturbation.cascade`; off in
-    evaluation)."""
+    channels at scales 1 and 2 (kernels 3 and 7), ``λ = 0.05``, ``||W_i||₂ ≤ ζ`` as in the
+    MNIST-1D table; ``fusion`` ``"HD"`` | ``"H"`` | ``"none"`` (POptEq); ``pe`` > 0: the
+    perturbation-enhanced layer of that ε (:func:`lowering.perturbation_enhanced`)."""
     import lowering
     from convex_eq import models
+    from convex_eq_app.configs import TableConfig
     from convex_eq_app.table import branch_bounds
     from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
@@ -156,8 +155,8 @@ def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
     layer = lowering.lower(obj)
     if pe > 0:
         layer = lowering.perturbation_enhanced(layer, pe)
-    return EquilibriumClassifier(layer, TrainingSettings(weight_bounds=branch_bounds(fusion)),
-                                 pool="none")
+    settings = TrainingSettings(weight_bounds=branch_bounds(TableConfig()))
+    return EquilibriumClassifier(layer, settings, pool="none")
 
 
 @register_model("mlp")
