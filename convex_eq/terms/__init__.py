@@ -1,10 +1,11 @@
 """Terms of hidden objectives (one small unit per term, CVXPY-atom style)."""
 
+from .bandwidth import InputBandwidth, ResidualBandwidth
 from .base import Condition, Curvature, QuadPart, StrongConvexity, Term
 from .conjugate import SeparableAffineConjugate
 from .coupling import ChannelDecorrelation, Coupling
 from .decorrelation import BatchDecorrelation
-from .gaussian_kernel import GaussianKernel, InputBandwidth, PatchGaussianKernel
+from .gaussian_kernel import GaussianKernel, PatchGaussianKernel
 from .hsic import HSIC
 from .incay import FeatureIncay
 from .l1 import L1, LinfBallIndicator
@@ -17,5 +18,6 @@ __all__ = [
     "ChannelDecorrelation", "Condition", "Coupling", "Curvature", "FeatureIncay",
     "GaussianKernel", "InputBandwidth", "Linear", "LinfBallIndicator", "MoreauEnvelope",
     "PatchGaussianKernel", "Potential", "PotentialConjugate", "QuadPart", "QuadraticForm",
-    "SeparableAffineConjugate", "SqNorm", "StrongConvexity", "Term", "gram", "moreau",
+    "ResidualBandwidth", "SeparableAffineConjugate", "SqNorm", "StrongConvexity", "Term", "gram",
+    "moreau",
 ]
