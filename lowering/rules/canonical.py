@@ -177,15 +177,34 @@ def lower(m: CanonicalMatch) -> DerivedLayer:
         claim, contraction = _iteration_claim(obj, state_params)
     else:
         claim = _stationary_claim(obj, cert, [t for t in rest if not t.smooth])
-        contraction = Contraction(
-            f"L_σ·Lip(∇S) = {l_sig:g}·({sum_lip_text(rest)})",
-            "L_\\sigma \\cdot \\mathrm{Lip}(\\nabla S)",
-            lambda env, r=rest, ls=l_sig: ls * sum(t.grad_lipschitz(env) for t in r),
-        )
+        contraction = _contraction(m, rest, l_sig)
     return DerivedLayer(source=obj, blocks=list(blocks), nodes=nodes,
                         derivation=Derivation(tuple(steps)), claim=claim,
                         contraction=contraction, is_prox=False, certificate=cert,
                         payload=CanonicalPayload(m.rest, m.potentials))
+
+
+def _contraction(m: CanonicalMatch, rest: list[Term], l_sig: float) -> Contraction:
+    """``Lip(T) ≤ L_σ·Lip(∇S)``.  When every term of ``S`` reads one block only (independent
+    branches), ``∇S`` is block diagonal and its Lipschitz constant is the largest block's:
+    ``max_b L_{σ_b}·Σ_{t on b} Lip(∇t)`` (the norm of a block-diagonal Jacobian is its largest
+    block's); otherwise the sum over all terms."""
+    blocks = m.objective.states
+    own = {b.name: [t for t in rest if [s.name for s in t.states()] == [b.name]]
+           for b in blocks}
+    if len(blocks) > 1 and sum(len(v) for v in own.values()) == len(rest):
+        lsig = {b.name: m.potentials[b.name].act.lipschitz for b in blocks}
+        parts = ", ".join(f"{lsig[b.name]:g}·({sum_lip_text(own[b.name])})" for b in blocks)
+        return Contraction(
+            f"max_b L_σ·Lip(∇_b S) = max({parts}) (independent blocks)",
+            "\\max_b L_{\\sigma_b} \\cdot \\mathrm{Lip}(\\nabla_b S)",
+            lambda env, o=own, ls=lsig: max(ls[k] * sum(t.grad_lipschitz(env) for t in v)
+                                            for k, v in o.items()))
+    return Contraction(
+        f"L_σ·Lip(∇S) = {l_sig:g}·({sum_lip_text(rest)})",
+        "L_\\sigma \\cdot \\mathrm{Lip}(\\nabla S)",
+        lambda env, r=rest, ls=l_sig: ls * sum(t.grad_lipschitz(env) for t in r),
+    )
 
 
 def _fixed_point_step(b: Any, node: Any, notes: str, iteration: bool) -> Step:
