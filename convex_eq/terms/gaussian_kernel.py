@@ -150,6 +150,13 @@ class _GammaMixin:
             return g[:, 0]
         return torch.full((us[0].shape[0],), float(g), dtype=us[0].dtype, device=us[0].device)
 
+    def frozen_at(self, values: Any, env: Env | None = None) -> list[Term]:
+        """Per sample, the term at ``γ`` fixed at its value at ``values`` (``γ(x, z)`` only)."""
+        if self.state_gamma is None:
+            return Term.frozen_at(self, values, env)  # type: ignore[arg-type]
+        with torch.no_grad():
+            return [self.at_bandwidth(float(g)) for g in self.bandwidth(values, env)]
+
     def at_bandwidth(self, gamma: float) -> Term:
         """The same term (arguments, coefficient) with ``γ`` fixed at ``gamma``: at a fixed point
         of GEQ's iteration, the objective whose stationary point it is (module docstring)."""
