@@ -59,18 +59,29 @@ class TrainingSettings:
     weight_bounds: dict[str, float] | None = None
     dtype: torch.dtype = torch.float32
     backward: str = "implicit"
+    #: weights reparametrised as ``g·V/||V||`` (weight normalisation, never also under
+    #: spectral-norm control: :mod:`lowering.runtime.weight_norm`)
+    weight_normalization: tuple[str, ...] = ()
 
     def module_options(self, derived: Any) -> dict[str, Any]:
         """Keyword options of ``derived.torch_module`` (spectral-norm weight control when the
         certificate has ``||A||₂ ≤ bound`` conditions or ``weight_bounds`` names weights)."""
         # (conditions on trainable weights: one on a fixed constant holds as declared)
-        wc = "spectral_norm" if controlled_conditions(derived) or self.weight_bounds else None
+        controlled = controlled_conditions(derived)
+        both = sorted(set(self.weight_normalization) & {n for _, n, _ in controlled})
+        if both:
+            raise OptionError(f"weight_normalization of {both} conflicts with the spectral-norm "
+                              "control the certificate's norm conditions ask for",
+                              term="TrainingSettings", hint="normalise other weights, or build "
+                              "the module with derived.torch_module(weight_control=None, "
+                              "weight_normalization=...)")
+        wc = "spectral_norm" if controlled or self.weight_bounds else None
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
                 "backward": self.backward, "backward_solver": self.backward_solver,
                 "backward_max_iter": self.backward_factor * self.max_iter,
                 "on_nonconvergence": self.on_nonconvergence, "weight_control": wc,
                 "weight_bounds": self.weight_bounds, "margin": self.margin,
-                "dtype": self.dtype}
+                "dtype": self.dtype, "weight_normalization": self.weight_normalization}
 
 
 @dataclass
