@@ -24,8 +24,7 @@ from .references.absent import NoReference, Unavailable
 from .references.base import Reference, Situation
 from .references.cvxpy import CvxpyReference
 from .references.deep import DeepReference
-from .references.iteration import IterationReference
-from .references.local import LocalReference
+from .references.local import IterationReference, LocalReference
 from .references.numeric import NumericReference
 from .references.sam import SamReference
 

@@ -26,7 +26,7 @@ from ..objective import Objective
 from ..operators import Conv1d, Conv2d
 from ..symbols import Input, Scalar, State, Weight
 from ..terms import GaussianKernel, PatchGaussianKernel, Potential, SqNorm
-from ..terms.bandwidth import BANDWIDTH_RULES, InputBandwidth, ResidualBandwidth
+from ..terms.gaussian_kernel import BANDWIDTH_RULES, InputBandwidth, ResidualBandwidth
 from .weights import conv_spec, conv_weight, injection, spectral_weight
 
 #: ``gamma=`` names of the bandwidth rules with GEQ's constant 0.2 (docs/theory.md §3.1–3.2)

@@ -1,11 +1,15 @@
 """Terms of hidden objectives (one small unit per term, CVXPY-atom style)."""
 
-from .bandwidth import InputBandwidth, ResidualBandwidth
 from .base import Condition, Curvature, QuadPart, StrongConvexity, Term
 from .conjugate import SeparableAffineConjugate
 from .coupling import ChannelDecorrelation, Coupling
 from .decorrelation import BatchDecorrelation
-from .gaussian_kernel import GaussianKernel, PatchGaussianKernel
+from .gaussian_kernel import (
+    GaussianKernel,
+    InputBandwidth,
+    PatchGaussianKernel,
+    ResidualBandwidth,
+)
 from .hsic import HSIC
 from .incay import FeatureIncay
 from .l1 import L1, LinfBallIndicator

@@ -39,7 +39,8 @@ than ``[q, wz]``) keeps this bound valid even if ``q`` also depends on a state: 
 arguments the joint Hessian ``[[Hs, -Hs], [-Hs, Hs]]`` has twice the norm.
 
 Bandwidth rules (``gamma=InputBandwidth(c, statistic)`` or ``ResidualBandwidth(c, statistic)``,
-:mod:`convex_eq.terms.bandwidth`, docs/theory.md §3.1–3.2):
+docs/theory.md §3.1–3.2), per sample (a batch-wide statistic would make one sample's output
+depend on the others in its batch) and differentiated through (no stop-gradient):
 
     ``γ(x) = c / max(stat_i ||q̃_i W_h||², floor)`` (the input part only) or
     ``γ(x, z) = c / max(stat_i ||r̃_i W_h||², floor)`` (the residual at the current state;
@@ -65,17 +66,124 @@ Lipschitz bound is given (``∂γ/∂r`` grows without bound as ``min_i n_i → 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .._lazy import torch
 from ..affine import Affine, as_affine
-from ..errors import LoweringError, NotDCPError, ScaleError, ShapeError
+from ..errors import LoweringError, NotDCPError, OptionError, ScaleError, ShapeError
 from ..export import ExportContext
 from ..symbols import Constant, Env, Scalar, Symbol, Weight, scalar_coef
-from .bandwidth import InputBandwidth, ResidualBandwidth
 from .base import Curvature, Term, require_states
+
+STATISTICS = ("min", "median", "mean")
+
+
+@dataclass(frozen=True)
+class _PatchStatistic:
+    """``γ = c / max(stat_i n_i, floor)`` (shared validation and evaluation)."""
+
+    c: float = 0.2
+    statistic: str = "min"
+    floor: float = 1e-12
+
+    #: the arguments of ``γ`` (printed as ``γ(x)`` or ``γ(x, z)``)
+    arguments: ClassVar[str] = "x"
+
+    def _validate(self, term: str) -> None:
+        if self.statistic not in STATISTICS:
+            raise OptionError(f"statistic {self.statistic!r} is not one of {STATISTICS}",
+                              term=term, hint="statistic='min' (GEQ's rule) or 'median'")
+        if not (math.isfinite(self.c) and self.c > 0 and math.isfinite(self.floor)
+                and self.floor > 0):
+            raise ScaleError(f"c = {self.c:g} and floor = {self.floor:g} must be positive and "
+                             "finite", term=term)
+
+    def gamma(self, m: torch.Tensor) -> torch.Tensor:
+        """``γ = c / max(m, floor)`` from the per-sample statistic ``m`` ``(B,)``."""
+        return self.c / m.clamp_min(self.floor)
+
+    def statistic_of(self, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(m, ∂m/∂n)`` for per-patch squared norms ``n`` ``(B, P)``: the statistic and its
+        (a.e.) derivative weights over the patches."""
+        if self.statistic == "mean":
+            return n.mean(dim=-1), torch.full_like(n, 1.0 / n.shape[-1])
+        m, idx = (n.min(dim=-1) if self.statistic == "min" else n.median(dim=-1))
+        return m, torch.zeros_like(n).scatter_(-1, idx[:, None], 1.0)
+
+    def of_norms(self, n: torch.Tensor) -> torch.Tensor:
+        """``γ`` ``(B,)`` from the per-patch squared norms ``n`` ``(B, P)``."""
+        return self.gamma(self.statistic_of(n)[0])
+
+    def text(self, v: Any, wh: str | None) -> str:
+        """``γ(·) = c/max(stat_i ||[v]_i W_h||², floor)`` as text."""
+        pw = "" if wh is None else f" {wh}"
+        arg = f"||[{v}]_i{pw}||²" if wh is not None else f"||{v}||²"
+        stat = f"{self.statistic}_i " if wh is not None else ""
+        return f"γ({self.arguments}) = {self.c:g}/max({stat}{arg}, {self.floor:g})"
+
+    def latex(self, v: Any, wh: str | None) -> str:
+        """LaTeX of :meth:`text`."""
+        pw = "" if wh is None else f"\\, {wh}"
+        arg = f"\\|[{v}]_i{pw}\\|^2" if wh is not None else f"\\|{v}\\|^2"
+        stat = f"\\operatorname{{{self.statistic}}}_i " if wh is not None else ""
+        return (f"\\gamma({self.arguments}) = \\frac{{{self.c:g}}}{{\\max({stat}{arg},\\ "
+                f"{self.floor:g})}}")
+
+    @property
+    def symbol_text(self) -> str:
+        """``γ(x)`` or ``γ(x, z)``."""
+        return f"γ({self.arguments})"
+
+    @property
+    def symbol_latex(self) -> str:
+        """LaTeX of :attr:`symbol_text`."""
+        return f"\\gamma({self.arguments})"
+
+
+@dataclass(frozen=True)
+class InputBandwidth(_PatchStatistic):
+    """``γ(x) = c / max(stat_i ||q̃_i W_h||², floor)``: a bandwidth from the input part ``q``
+    of the kernel's argument, per sample (module docstring; docs/theory.md §3.1).
+
+    ``statistic="min"`` is GEQ's rule evaluated at ``z = 0`` (where the solvers start);
+    ``"median"`` the median heuristic over the patches.  ``of="residual"`` is refused: GEQ's rule
+    on ``q − Wz`` is :class:`ResidualBandwidth`, whose claim differs."""
+
+    of: str = "input"
+
+    def __post_init__(self) -> None:
+        if self.of == "residual":
+            raise OptionError(
+                "a bandwidth γ(z) computed from the residual q − Wz depends on the state: "
+                "σ(e^{−γ||r||²}Wᵀr) is then not ∇ of (1/(2γ(z)))e^{−γ(z)||r||²} (the ∇γ(z) terms "
+                "are missing), so the equilibrium is a stationary point of no stated objective",
+                term="InputBandwidth", hint="use ResidualBandwidth for GEQ's iteration (its "
+                "claim: a fixed point of that iteration), or of='input' (GEQ's rule at z = 0: "
+                "one fixed objective per sample)")
+        if self.of != "input":
+            raise OptionError(f"of={self.of!r} is not a bandwidth source", term="InputBandwidth",
+                              hint="of='input', or ResidualBandwidth for the residual")
+        self._validate("InputBandwidth")
+
+
+@dataclass(frozen=True)
+class ResidualBandwidth(_PatchStatistic):
+    """GEQ's rule ``γ(x, z) = c / max(stat_i ||(x̃_i − z̃_i)W_h||², floor)`` on the residual
+    ``r = q − Wz`` at the current state, recomputed at every application of ``T`` (module
+    docstring; docs/theory.md §3.2).  The claim of a layer with it is "fixed point of the
+    iteration", never "stationary point"."""
+
+    arguments: ClassVar[str] = "x, z"
+
+    def __post_init__(self) -> None:
+        self._validate("ResidualBandwidth")
+
+
+#: what a kernel's ``gamma`` may be besides a number or a Scalar
+BANDWIDTH_RULES = (InputBandwidth, ResidualBandwidth)
 
 _REASON = "Gaussian kernel term is neither convex nor concave"
 
@@ -572,4 +680,5 @@ class PatchGaussianKernel(_GammaMixin, Term):
         return f"{chans}{ph}×{pw}"
 
 
-__all__ = ["GaussianKernel", "InputBandwidth", "PatchGaussianKernel", "ResidualBandwidth"]
+__all__ = ["BANDWIDTH_RULES", "STATISTICS", "GaussianKernel", "InputBandwidth",
+           "PatchGaussianKernel", "ResidualBandwidth"]

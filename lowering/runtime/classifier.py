@@ -60,7 +60,7 @@ class TrainingSettings:
     dtype: torch.dtype = torch.float32
     backward: str = "implicit"
     #: weights reparametrised as ``g·V/||V||`` (weight normalisation, never also under
-    #: spectral-norm control: :mod:`lowering.runtime.weight_norm`)
+    #: spectral-norm control: :mod:`lowering.runtime.weight_control`)
     weight_normalization: tuple[str, ...] = ()
 
     def module_options(self, derived: Any) -> dict[str, Any]:

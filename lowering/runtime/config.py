@@ -90,7 +90,7 @@ class WeightControlConfig:
     margin: float = 0.01
     bounds: dict[str, float] | None = None
     #: weights reparametrised as ``W = g·V/||V||`` per output row or filter (weight
-    #: normalisation, :mod:`lowering.runtime.weight_norm`); never also under norm control
+    #: normalisation, :mod:`lowering.runtime.weight_control`); never also under norm control
     normalized: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

@@ -40,9 +40,10 @@ from .weight_control import (
     certificate_conditions,
     kept_by,
     make_weight_control,
+    normalize_weights,
+    refuse_double_control,
     warn_uncontrolled,
 )
-from .weight_norm import normalize_weights, refuse_double_control
 
 
 class EquilibriumModule(nn.Module):

@@ -1,5 +1,5 @@
 """Weight normalisation of the emitted module (``weight_normalization=(...)``,
-:mod:`lowering.runtime.weight_norm`): the layer uses ``W = g·V/||V||`` per output filter (numpy),
+:mod:`lowering.runtime.weight_control`): the layer uses ``W = g·V/||V||`` per output filter (numpy),
 is unchanged at construction, its gradients reach ``g`` and ``V`` (central differences), and it
 is never combined with spectral-norm control of the same weight."""
 
