@@ -112,7 +112,8 @@ def patch_weight(patch: int | tuple[int, int], cs: int, h: int | None, seed: int
 
 def conv_geq(image: tuple[int, ...] = (3, 32, 32), channels: int = 32, *,
              scales: tuple[int, ...] = (1, 2, 4, 4, 8, 8), kernel: int = 3,
-             patch: int | tuple[int, ...] = 2, channel_split: int = 8, hidden: int = 32,
+             patch: int | tuple[int, ...] = 2, channel_split: int = 8,
+             hidden: int | None = None,
              gamma: Any = "paper", activation: Any = "relu", weight_norm: float = 0.9,
              seed: int = 0) -> Objective:
     """Multi-branch GEQ (docs/theory.md §3.2): ``G = Σ_i [Σf_σ(z_i) + ½||z_i||² − S_i(z_i)]``,
@@ -123,10 +124,11 @@ def conv_geq(image: tuple[int, ...] = (3, 32, 32), channels: int = 32, *,
     Branch ``i`` has state ``z_i``: ``channels × spatial/scales[i]``, ``U_i`` a ``kernel``
     convolution with stride ``scales[i]``, ``W_i`` a ``kernel`` convolution of operator norm
     ``weight_norm`` and ``W_{h,i}``: ``(c_s·p^d) × hidden`` with orthonormal columns (or rows),
-    ``||W_{h,i}||₂ = 1``.  Defaults are the paper's CIFAR setting (scales 32/16/8/8/4/4 of a
-    32×32 image, ``p = 2``, ``c_s = 8``, ``c_hid = 32``); on a signal ``(C, L)`` a patch is ``p``
-    consecutive positions of ``c_s`` channels.  ``gamma``: module docstring (default GEQ's
-    rule, ``"paper"``)."""
+    ``||W_{h,i}||₂ = 1`` (``hidden`` None: ``c_s·p^d``, full size).  Defaults are the paper's
+    CIFAR setting (scales 32/16/8/8/4/4 of a 32×32 image, ``p = 2``, ``c_s = 8``,
+    ``c_hid = 32 = c_s·p²``); on a signal ``(C, L)`` a patch is ``p`` consecutive positions of
+    ``c_s`` channels and the full-size ``W_h`` is ``c_s·p × c_s·p``.  ``gamma``: module
+    docstring (default GEQ's rule, ``"paper"``)."""
     act = get_activation(activation) if isinstance(activation, str) else activation
     gam = bandwidth(gamma, "conv_geq")
     spatial = list(image[1:])
@@ -141,6 +143,9 @@ def conv_geq(image: tuple[int, ...] = (3, 32, 32), channels: int = 32, *,
                          "divides channels")
     if kernel % 2 == 0:
         raise ShapeError(f"kernel {kernel} must be odd ('same' padding)", term="conv_geq")
+    if hidden is not None and hidden < 1:
+        raise ShapeError(f"hidden = {hidden} columns of W_h must be ≥ 1", term="conv_geq",
+                         hint="or None: full size c_s·p^d")
     ps = _patch_sizes(patch, len(spatial))
     x = Input("x", image)
     terms: list[Any] = []
@@ -152,7 +157,8 @@ def conv_geq(image: tuple[int, ...] = (3, 32, 32), channels: int = 32, *,
         w_op = conv_weight(f"W{i + 1}", channels, channels, kernel, shape, norm=weight_norm,
                            seed=seed + 7 * i)
         dim = channel_split * math.prod(ps)
-        wh = Weight(f"W_h{i + 1}", (dim, hidden), _orthonormal(dim, hidden, rng))
+        hid = dim if hidden is None else hidden
+        wh = Weight(f"W_h{i + 1}", (dim, hid), _orthonormal(dim, hid, rng))
         layout = shape if len(spatial) == 2 else (channels, 1, shape[1])
         s = PatchGaussianKernel(q, w_op @ z, gam, ps if len(ps) == 2 else (1, ps[0]), wh,
                                 layout, channel_split=channel_split)
