@@ -243,14 +243,14 @@ def _iteration_claim(obj: Objective, params: list[tuple[str, str]]
     claim = Claim(
         ClaimKind.ITERATION,
         f"fixed point of z = σ(∇_z S(z; γ)|_{{γ = γ(x, z)}}) with {defs} recomputed from the "
-        f"current state in every iteration; a stationary point of G(·; x, γ̄) = {obj} at its own "
-        "bandwidth γ̄ = γ(x, z*), NOT a stationary point of z ↦ G(z; x, γ(x, z)) (that gradient "
-        "has the extra term ∂S/∂γ·∇_z γ)",
+        "current state in every iteration; a stationary point of G(·; x, γ̄), the objective "
+        f"{obj} with γ(x, z) held at its own value γ̄ = γ(x, z*), NOT a stationary point of "
+        "z ↦ G(z; x, γ(x, z)) (that gradient has the extra term ∂S/∂γ·∇_z γ)",
         "\\text{fixed point of } z = \\sigma(\\nabla_z S(z;\\gamma)|_{\\gamma = "
         f"\\gamma(x,z)}}),\\ {', '.join(tex for _, tex in params)}",
         objective_text=str(obj))
     contraction = Contraction(
-        "none: γ(x, z) varies with the state and ∂γ/∂z is unbounded as its patch statistic → 0",
+        "∞ (no bound: γ(x, z) varies with the state, ∂γ/∂z unbounded as its patch statistic → 0)",
         "\\text{none (state-dependent } \\gamma)", lambda env: math.inf)
     return claim, contraction
 
