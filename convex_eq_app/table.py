@@ -83,7 +83,7 @@ def _branch_channels(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> int
 
 def branch_bounds(cfg: TableConfig) -> dict[str, float]:
     """``||W_i||₂ ≤ ζ`` for both branches, the same for MOptEq and POptEq (H only: ``Lip(T) ≤
-    ζ²·||P||₂``, docs/theory.md §3.2)."""
+    ζ²·||P||₂``, docs/theory.md §3.3)."""
     return {"W1": cfg.zeta, "W2": cfg.zeta}
 
 

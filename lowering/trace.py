@@ -101,11 +101,15 @@ class ClaimKind(StrEnum):
     MODIFIED_MINIMIZER = "modified minimizer"  # of φ + M¹[γR] (prox-variant edit)
     STATIONARY = "stationary point"
     INCLUSION = "inclusion"  # Theorem 2's monotone inclusion (deep compositions, L ≥ 3)
+    #: a fixed point of an iteration that recomputes a parameter from the state (GEQ's
+    #: bandwidth γ(x, z)): a stationary point of the objective at the parameter's own value
+    #: there, not of the objective with the parameter varying (docs/theory.md §3.2)
+    ITERATION = "fixed point of the iteration"
 
     @property
     def needs_certificate(self) -> bool:
         """Only a convexity certificate makes this claim true."""
-        return self is not ClaimKind.STATIONARY
+        return self not in (ClaimKind.STATIONARY, ClaimKind.ITERATION)
 
 
 @dataclass(frozen=True)

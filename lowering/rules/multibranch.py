@@ -1,4 +1,4 @@
-"""Multi-branch fusion (MOptEq Proposition 1, docs/theory.md §3 row 4): a canonical objective whose
+"""Multi-branch fusion (MOptEq Proposition 1, docs/theory.md §3 row 4 and §3.3): a canonical objective whose
 branches meet only through pair terms ``H(A_i y_i, A_j y_j)`` and ``D(A_i y_i, A_j y_j)`` of
 linear images ``z̃_i = A_i y_i`` (the signed branch states, ``A_i = W_iᵀ``).
 

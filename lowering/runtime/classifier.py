@@ -6,7 +6,10 @@ linear`` (``g`` an optional stem)
 ``pooled`` positions per spatial axis).  The pooling never shrinks an axis below 1, so a
 ``(C, 1, W)`` or ``(C, L)`` state (1-D signals) is handled like a ``(C, H, W)`` one; a multi-block
 layer (MOptEq branches) has each branch pooled separately and the features concatenated (branch
-fusion by concatenation).
+fusion by concatenation, ``fusion="concat"``).  ``fusion="average"`` fuses branches of equal
+channels as the GEQ and MDEQ papers do: each branch is brought to a common size by average
+pooling (a larger branch) or nearest up-sampling (a smaller one), the branches are averaged, and
+the average is pooled and read out (``logits = A·P(mean_i R_i z*_i) + c``).
 
 :class:`TrainingSettings` holds the module options under which equilibrium layers train well
 (looser tolerance than the module default, a capped iteration count, non-convergence reported as a
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from convex_eq.errors import OptionError
@@ -30,6 +34,8 @@ from .solvers import SolverStats
 from .weight_control import controlled_conditions
 
 POOLS = ("max", "avg", "none")
+#: how the state blocks of a multi-block layer are fused before the linear readout
+FUSIONS = ("concat", "average")
 
 
 @dataclass
@@ -63,18 +69,29 @@ class TrainingSettings:
     dtype: torch.dtype = torch.float32
     #: the backward strategy (``"implicit"``, ``"phantom"``, ``"unroll"``)
     backward: str = "implicit"
+    #: weights reparametrised as ``g·V/||V||`` (weight normalisation, never also under
+    #: spectral-norm control: :mod:`lowering.runtime.weight_control`)
+    weight_normalization: tuple[str, ...] = ()
 
     def module_options(self, derived: Any) -> dict[str, Any]:
         """Keyword options of ``derived.torch_module`` (spectral-norm weight control when the
         certificate has ``||A||₂ ≤ bound`` conditions or ``weight_bounds`` names weights)."""
         # (conditions on trainable weights: one on a fixed constant holds as declared)
-        wc = "spectral_norm" if controlled_conditions(derived) or self.weight_bounds else None
+        controlled = controlled_conditions(derived)
+        both = sorted(set(self.weight_normalization) & {n for _, n, _ in controlled})
+        if both:
+            raise OptionError(f"weight_normalization of {both} conflicts with the spectral-norm "
+                              "control the certificate's norm conditions ask for",
+                              term="TrainingSettings", hint="normalise other weights, or build "
+                              "the module with derived.torch_module(weight_control=None, "
+                              "weight_normalization=...)")
+        wc = "spectral_norm" if controlled or self.weight_bounds else None
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
                 "backward": self.backward, "backward_solver": self.backward_solver,
                 "backward_max_iter": self.backward_factor * self.max_iter,
                 "on_nonconvergence": self.on_nonconvergence, "weight_control": wc,
                 "weight_bounds": self.weight_bounds, "margin": self.margin,
-                "dtype": self.dtype}
+                "dtype": self.dtype, "weight_normalization": self.weight_normalization}
 
 
 @dataclass
@@ -150,6 +167,57 @@ def _pool(kind: str, block_shape: tuple[int, ...], pooled: int) -> tuple[nn.Modu
     return nn.Sequential(layer, nn.Flatten()), c * math.prod(out)
 
 
+class AverageFusion(nn.Module):
+    """``mean_i R_i z_i``: every block resampled to ``size`` (average pooling by the integer
+    factor where a block is larger, nearest up-sampling where it is smaller), then averaged."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], size: tuple[int, ...] | None = None):
+        super().__init__()
+        if len(shapes) < 2:
+            raise OptionError("fusion='average' averages several branches; this layer has one "
+                              "state block", term="EquilibriumClassifier",
+                              hint="use fusion='concat' (the default)")
+        if len({s[0] for s in shapes}) > 1 or len({len(s) for s in shapes}) > 1 \
+                or len(shapes[0]) not in (2, 3):
+            raise OptionError(f"fusion='average' needs branches of equal channels on grids of "
+                              f"the same dimension ((C, L) or (C, H, W)); the blocks are "
+                              f"{shapes}", term="EquilibriumClassifier",
+                              hint="use fusion='concat', or branches of equal channels "
+                              "(e.g. models.conv_geq)")
+        self.size = tuple(size) if size is not None else tuple(shapes[0][1:])
+        if len(self.size) != len(shapes[0]) - 1:
+            raise OptionError(f"fused_size {self.size} has {len(self.size)} axes, the blocks "
+                              f"{len(shapes[0]) - 1}", term="EquilibriumClassifier")
+        for s in shapes:
+            if any(n % t and t % n for n, t in zip(s[1:], self.size)):
+                raise OptionError(f"a block of size {s[1:]} is not an integer factor of the "
+                                  f"fused size {self.size} (or a multiple of it) on every axis",
+                                  term="EquilibriumClassifier",
+                                  hint="choose fused_size so that average pooling or nearest "
+                                  "up-sampling by an integer factor reaches it from every block")
+        self.shapes = [tuple(s) for s in shapes]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The fused map's shape ``(C, *size)``."""
+        return (self.shapes[0][0], *self.size)
+
+    def resample(self, z: torch.Tensor) -> torch.Tensor:
+        """One block ``(B, C, *n)`` to ``(B, C, *size)``."""
+        n = tuple(z.shape[2:])
+        down = tuple(max(1, a // t) for a, t in zip(n, self.size))
+        if any(k > 1 for k in down):
+            pool = F.avg_pool1d if z.ndim == 3 else F.avg_pool2d
+            z = pool(z, down, down)
+        if tuple(z.shape[2:]) != self.size:
+            z = F.interpolate(z, size=self.size, mode="nearest")
+        return z
+
+    def forward(self, blocks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``mean_i R_i z_i`` of the blocks ``(B, *shape_i)``."""
+        return torch.stack([self.resample(b) for b in blocks]).mean(dim=0)
+
+
 class EquilibriumClassifier(nn.Module):
     """``logits = Linear(concat_i pool(z*_i(g(x))))`` on a derived equilibrium layer.
 
@@ -160,20 +228,35 @@ class EquilibriumClassifier(nn.Module):
     ``"avg"`` or ``"none"`` (flatten); ``pooled``: positions kept per spatial axis (never more
     than the axis has: 1-row states work); ``classes``: output size.  A layer with one input
     per branch reads the same ``g(x)`` in every branch.  ``input_shape``: reshape each sample
-    to it first (e.g. a ``(C, L)`` signal read by a layer declared on ``(C, 1, L)`` images)."""
+    to it first (e.g. a ``(C, L)`` signal read by a layer declared on ``(C, 1, L)`` images).
+    ``fusion``: ``"concat"`` (pool each output block, concatenate) or ``"average"``
+    (:class:`AverageFusion` to ``fused_size``, by default the first block's size, then pool);
+    ``"average"`` is refused with a typed error where it does not apply (one block, unequal
+    channels, sizes without integer factors)."""
 
     def __init__(self, derived: Any, settings: TrainingSettings | None = None, *,
                  pool: str = "max", pooled: int = 4, classes: int = 10,
-                 stem: nn.Module | None = None, input_shape: tuple[int, ...] | None = None):
+                 stem: nn.Module | None = None, input_shape: tuple[int, ...] | None = None,
+                 fusion: str = "concat", fused_size: tuple[int, ...] | None = None):
         super().__init__()
+        if fusion not in FUSIONS:
+            raise OptionError(f"unknown fusion {fusion!r}", term="EquilibriumClassifier",
+                              hint=f"use one of {FUSIONS}")
+        if fused_size is not None and fusion != "average":
+            raise OptionError("fused_size applies to fusion='average' only",
+                              term="EquilibriumClassifier", hint="pass fusion='average' too")
+        self.fusion = (AverageFusion([tuple(b.shape) for b in derived.output_blocks], fused_size)
+                       if fusion == "average" else None)
         self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.settings = settings or TrainingSettings()
         self.stem = stem.to(self.settings.dtype) if stem is not None else None
         self.eq = derived.torch_module(**self.settings.module_options(derived))
         self.input_names = [s.name for s in derived.inputs]
+        shapes = [self.fusion.shape] if self.fusion is not None else \
+            [tuple(b.shape) for b in derived.output_blocks]
         pools, width = [], 0
-        for b in derived.output_blocks:
-            p, k = _pool(pool, tuple(b.shape), pooled)
+        for shape in shapes:
+            p, k = _pool(pool, shape, pooled)
             pools.append(p)
             width += k
         self.pools = nn.ModuleList(pools)
@@ -212,8 +295,11 @@ class EquilibriumClassifier(nn.Module):
         return self.eq(self._shared(x))
 
     def pooled_features(self, z: Any) -> torch.Tensor:
-        """``[P(z_1); …; P(z_k)]`` of an equilibrium (one row per sample)."""
+        """``[P(z_1); …; P(z_k)]`` of an equilibrium (one row per sample); ``P(mean_i R_i z_i)``
+        with ``fusion="average"``."""
         blocks = z if isinstance(z, tuple) else (z,)
+        if self.fusion is not None:
+            blocks = (self.fusion(blocks),)
         return torch.cat([p(b) for p, b in zip(self.pools, blocks)], dim=1)
 
     def forward(self, x: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:

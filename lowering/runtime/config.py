@@ -119,8 +119,22 @@ class WeightControlConfig:
     margin: float = 0.01
     #: extra bounds per weight name (``{"W": 1.0}``), kept like the certificate's
     bounds: dict[str, float] | None = None
+    #: weights reparametrised as ``W = g·V/||V||`` per output row or filter (weight
+    #: normalisation, :mod:`lowering.runtime.weight_control`); never also under norm control
+    normalized: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.normalized, str):
+            self.normalized = (self.normalized,)
+        self.normalized = tuple(self.normalized or ())
+        if not all(isinstance(n, str) for n in self.normalized):
+            raise OptionError(f"weight_normalization = {self.normalized!r} must name weights",
+                              term="torch_module", hint="e.g. weight_normalization=('W',)")
+        both = sorted(set(self.normalized) & set(self.bounds or {}))
+        if both:
+            raise OptionError(f"weight(s) {both} would be under two controls: weight_bounds "
+                              "(spectral-norm control) and weight_normalization",
+                              term="torch_module", hint="name each weight in one of them only")
         if self.mode not in CONTROL_MODES:
             raise OptionError(f"unknown weight_control {self.mode!r}", term="torch_module",
                               hint=f"use one of {CONTROL_MODES}")
@@ -237,6 +251,7 @@ FLAT_OPTIONS: dict[str, tuple[str | None, str]] = {
     "unroll_steps": ("backward", "unroll_steps"),
     "weight_control": ("weight_control", "mode"), "margin": ("weight_control", "margin"),
     "weight_bounds": ("weight_control", "bounds"),
+    "weight_normalization": ("weight_control", "normalized"),
     "on_nonconvergence": (None, "on_nonconvergence"), "sam": (None, "sam"),
     "dtype": (None, "dtype"), "learnable_constants": (None, "learnable_constants"),
     "compile_steps": (None, "compile_steps"), "warm_start": (None, "warm_start"),
