@@ -87,8 +87,10 @@ def branch_bounds(cfg: TableConfig) -> dict[str, float]:
     return {"W1": cfg.zeta, "W2": cfg.zeta}
 
 
-def _multibranch(cfg: TableConfig, shape: tuple[int, ...], seed: int, *, fusion: str,
+def multibranch(cfg: TableConfig, shape: tuple[int, ...], seed: int, *, fusion: str,
                  decorrelation: str = "smooth", pe: bool = False) -> nn.Module:
+    """The MOptEq family's classifier: stem, two branches at scales 1 and 2 (kernels 3 and
+    ``cfg.kernel``), ``fusion`` ``"HD"``/``"H"``/``"none"``, ``decorrelation``, PE."""
     c = _branch_channels(cfg, shape, seed)
     obj = models.conv_mopteq((cfg.stem, shape[-1]), channels=c, kernels=(3, cfg.kernel),
                              scales=(1, 2), lam=cfg.lam, fusion=fusion,
@@ -104,31 +106,53 @@ def _multibranch(cfg: TableConfig, shape: tuple[int, ...], seed: int, *, fusion:
 
 def popteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """POptEq (MOptEq paper Eq. 10): stem, two independent conv OptEq branches at scales 1, 2."""
-    return _multibranch(cfg, shape, seed, fusion="none")
+    return multibranch(cfg, shape, seed, fusion="none")
 
 
 def mopteq_paper_d(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """MOptEq with H and the paper's D (|·|: discontinuous, no fixed point guaranteed)."""
-    return _multibranch(cfg, shape, seed, fusion="HD", decorrelation="sign")
+    return multibranch(cfg, shape, seed, fusion="HD", decorrelation="sign")
 
 
 def mopteq_smooth_d(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """MOptEq with H and the Huber-smoothed D (a continuous layer)."""
-    return _multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth")
+    return multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth")
 
 
 def mopteq_pe(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """MOptEq (smoothed D) with perturbation-enhanced branches (Algorithm 2, ε = cfg.pe_eps)."""
-    return _multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth", pe=True)
+    return multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth", pe=True)
 
 
-def geq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
-    """Conv GEQ with patch and channel splitting (docs/theory.md §3 row 3) on the signal laid
-    out as a 1-row image."""
-    c = cfg.channels
-    obj = models.geq(conv=(c, (1, cfg.kernel)), image=(shape[0], 1, shape[-1]), patch=(1, 4),
-                     h=8, gamma=cfg.gamma, channel_split=max(1, c // 4), seed=seed)
-    return _classifier(obj, cfg, {"W": 1.0, "W_h": 1.0}, input_shape=(shape[0], 1, shape[-1]))
+#: GEQ branches on an MNIST-1D signal: scales 1/2/4/4 (the paper's 32/16/8/8 of its six; a
+#: length-5 branch cannot hold patches of 2 at scale 8), patches of 2 positions × 8 channels
+GEQ_SCALES = (1, 2, 4, 4)
+
+
+def geq_with(cfg: TableConfig, shape: tuple[int, ...], seed: int, gamma: Any) -> nn.Module:
+    """Multi-branch GEQ as its paper builds it (docs/theory.md §3.2): 16 channels per branch
+    (the conv OptEq's parameter count), full-size ``W_h``, branch outputs averaged after
+    pooling / up-sampling, weight normalisation of every ``W_i`` and phantom gradients;
+    ``gamma``: a number, ``"paper"`` or ``"input"`` (:func:`convex_eq.models.conv_geq`)."""
+    c = 16 if cfg.channels >= 32 else 8  # (the smoke run's small models: 8)
+    obj = models.conv_geq(shape, c, scales=GEQ_SCALES, kernel=cfg.kernel, patch=2,
+                          channel_split=8, gamma=gamma, seed=seed)
+    wn = tuple(f"W{i + 1}" for i in range(len(GEQ_SCALES)))
+    settings = TrainingSettings(tol=cfg.tol, max_iter=cfg.max_iter, backward="phantom",
+                                weight_normalization=wn)
+    torch.manual_seed(seed)
+    return EquilibriumClassifier(lowering.lower(obj), settings, fusion="average", pool="max",
+                                 pooled=cfg.pooled)
+
+
+def geq_paper(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """Multi-branch GEQ with the paper's bandwidth γ = 0.2/M recomputed from the state."""
+    return geq_with(cfg, shape, seed, "paper")
+
+
+def geq_fixed(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """Multi-branch GEQ with one fixed bandwidth ``cfg.gamma`` (KerDEQ's best, 0.5)."""
+    return geq_with(cfg, shape, seed, cfg.gamma)
 
 
 def mon(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
@@ -166,19 +190,22 @@ EQ_MODELS: dict[str, Callable[[TableConfig, tuple[int, ...], int], nn.Module]] =
     "MOptEq (H&D, paper's D)": mopteq_paper_d,
     "MOptEq (H&D, smoothed D)": mopteq_smooth_d,
     "MOptEq (smoothed D) + PE": mopteq_pe,
-    "GEQ (patch, channel split)": geq,
+    "GEQ (multi-branch, paper's γ)": geq_paper,
+    "GEQ (multi-branch, fixed γ)": geq_fixed,
     "deep OptEq (L=2)": deep_opteq,
     "MON": mon,
 }
 MLP, CNN = "MLP (same #params)", "CNN (same #params)"
 #: the models trained when none are named
 DEFAULT_MODELS = ("conv OptEq", "POptEq", "MOptEq (H&D, paper's D)", "MOptEq (H&D, smoothed D)",
-                  "MOptEq (smoothed D) + PE", "GEQ (patch, channel split)", CNN, MLP)
+                  "MOptEq (smoothed D) + PE", "GEQ (multi-branch, paper's γ)",
+                  "GEQ (multi-branch, fixed γ)", CNN, MLP)
 #: measured cost order (most expensive first): the paper's D stalls the solver at its cap, PE's
 #: branch input is recomputed in every evaluation
 COST_RANK = {n: i for i, n in enumerate(["MOptEq (H&D, paper's D)", "MOptEq (smoothed D) + PE",
                                          "MOptEq (H&D, smoothed D)", "POptEq",
-                                         "GEQ (patch, channel split)", "conv OptEq", "MON",
+                                         "GEQ (multi-branch, paper's γ)",
+                                         "GEQ (multi-branch, fixed γ)", "conv OptEq", "MON",
                                          "deep OptEq (L=2)", CNN, MLP])}
 
 

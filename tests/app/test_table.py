@@ -108,7 +108,7 @@ def test_training_and_verification_on_cuda() -> None:
 
     cfg = T.TableConfig.quick_config()
     data = T.table_data(cfg)
-    for name in ("conv OptEq", "MOptEq (PE)", "GEQ (patch, channel split)"):
+    for name in ("conv OptEq", "MOptEq (smoothed D) + PE", "GEQ (multi-branch, paper's γ)"):
         model = T.build(name, cfg, data.shape, 0)
         res = fit(model, data, TrainConfig(epochs=1, device="cuda", shift=2), name)
         assert next(model.parameters()).device.type == "cuda"
