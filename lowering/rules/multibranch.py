@@ -1,6 +1,7 @@
-"""Multi-branch fusion (MOptEq Proposition 1, docs/theory.md §3 row 4 and §3.3): a canonical objective whose
-branches meet only through pair terms ``H(A_i y_i, A_j y_j)`` and ``D(A_i y_i, A_j y_j)`` of
-linear images ``z̃_i = A_i y_i`` (the signed branch states, ``A_i = W_iᵀ``).
+"""Multi-branch fusion (MOptEq Proposition 1, docs/theory.md §3 row 4 and §3.3): a canonical
+objective whose branches meet only through pair terms ``H(A_i y_i, A_j y_j)`` and
+``D(A_i y_i, A_j y_j)`` of linear images ``z̃_i = A_i y_i`` (the signed branch states,
+``A_i = W_iᵀ``).
 
 The layer is the canonical one, ``y_i = σ(q_i + A_iᵀ ∇_{z̃_i}[½ΣH − (λ/2)ΣD])``, which is the
 paper's Eq. 6 ``y_i = σ(W_i h_i(z̃) + q_i)``.  What this rule adds is the bound the generic sum
