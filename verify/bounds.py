@@ -186,41 +186,56 @@ def _project(d: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 
 def attack_certified(model: Any, x: torch.Tensor, steps: int = 50, restarts: int = 4,
-                     seed: int = 0, batch: int = 500) -> AttackReport:
+                     seed: int = 0, batch: int = 500, scale: float = 1.0) -> AttackReport:
     """Minimise the margin of the clean prediction by ℓ2 PGD within each sample's certified
-    radius (``model.certified_radius``; samples with radius 0 are not attacked): step
+    radius ``r`` (``model.certified_radius``; samples with ``r = 0`` are not attacked): step
     ``2.5·r/steps`` along the normalised gradient, projection onto the ball, restarts from
-    uniform points of the ball (the first from ``x``)."""
+    random points of the ball (the first from ``x``).  ``scale``: attack within ``scale·r``
+    instead (``scale > 1`` leaves the certificate: a check that the attack has teeth)."""
     model.eval()
     radii, changed, margins = [], [], []
     g = torch.Generator().manual_seed(seed)
-    for i in range(0, len(x), batch):
-        xb = x[i:i + batch]
-        cert = model.certified_radius(xb)
-        r = cert.radius.to(xb.dtype)
-        k = cert.prediction
-        best = torch.full((len(xb),), math.inf, dtype=torch.float64)
-        for rs in range(restarts):
-            d = torch.zeros_like(xb) if rs == 0 else _project(
-                torch.randn(xb.shape, generator=g, dtype=xb.dtype) * 1e3, r * torch.rand(
-                    len(xb), generator=g, dtype=xb.dtype))
-            for _ in range(steps):
-                d = d.detach().requires_grad_(True)
-                m = _margin(model(xb + d).double(), k)
-                (grad,) = torch.autograd.grad(m.sum(), d)
-                best = torch.minimum(best, m.detach())
-                step = grad / torch.linalg.vector_norm(grad.flatten(1), dim=1).clamp_min(
-                    1e-30).reshape(-1, *[1] * (grad.ndim - 1))
-                d = _project(d.detach() - (2.5 * r / steps).reshape(-1, *[1] * (xb.ndim - 1))
-                             * step, r)
-            with torch.no_grad():
-                best = torch.minimum(best, _margin(model(xb + d).double(), k))
-        radii.append(cert.radius)
-        margins.append(best)
-        changed.append((best < 0) & (cert.radius > 0))
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    for p in frozen:  # (gradients in the input only: the adjoint solve skips the weights')
+        p.requires_grad_(False)
+    try:
+        for i in range(0, len(x), batch):
+            xb = x[i:i + batch]
+            cert = model.certified_radius(xb)
+            best = _attack_batch(model, xb, cert.radius * scale, cert.prediction, steps,
+                                 restarts, g)
+            radii.append(cert.radius)
+            margins.append(best)
+            changed.append((best < 0) & (cert.radius > 0))
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
     rad = torch.cat(radii)
     return AttackReport(rad.numpy(), torch.cat(changed).numpy(), torch.cat(margins).numpy(),
                         int((rad > 0).sum()), steps, restarts)
+
+
+def _attack_batch(model: Any, xb: torch.Tensor, radius: torch.Tensor, k: torch.Tensor,
+                  steps: int, restarts: int, g: torch.Generator) -> torch.Tensor:
+    """The smallest margin of the prediction ``k`` PGD finds per sample of ``xb`` within
+    ``radius``."""
+    r = radius.to(xb.dtype)
+    best = torch.full((len(xb),), math.inf, dtype=torch.float64)
+    shape = (-1, *[1] * (xb.ndim - 1))
+    for rs in range(restarts):
+        d = torch.zeros_like(xb) if rs == 0 else _project(
+            torch.randn(xb.shape, generator=g, dtype=xb.dtype) * 1e3,
+            r * torch.rand(len(xb), generator=g, dtype=xb.dtype))
+        for _ in range(steps):
+            d = d.detach().requires_grad_(True)
+            m = _margin(model(xb + d).double(), k)
+            (grad,) = torch.autograd.grad(m.sum(), d)
+            best = torch.minimum(best, m.detach())
+            n = torch.linalg.vector_norm(grad.flatten(1), dim=1).clamp_min(1e-30)
+            d = _project(d.detach() - (2.5 * r / steps / n).reshape(shape) * grad, r)
+        with torch.no_grad():
+            best = torch.minimum(best, _margin(model(xb + d).double(), k))
+    return best
 
 
 __all__ = ["AttackReport", "BoundReport", "attack_certified", "check_error_bound",

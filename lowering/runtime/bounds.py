@@ -156,12 +156,12 @@ def declared_contraction(derived: Any, env: Env | None) -> Factor:
 def splitting_contraction(derived: Any, env: Env | None) -> Factor:
     """Forward–backward / Peaceman–Rachford / Douglas–Rachford with the step ``α`` the node
     uses (from its own, possibly estimated, ``L``) and an *upper* bound ``L̄ ≥ ||M||₂``
-    (:meth:`Inclusion.lipschitz`): ``√(1 − 2αm + α²L̄²)`` (FB), ``c = √(1 − 4αm/(1 + 2αm +
+    (:func:`_matrix_norm`): ``√(1 − 2αm + α²L̄²)`` (FB), ``c = √(1 − 4αm/(1 + 2αm +
     α²L̄²))`` (PR) or ``(1 + c)/2`` (DR) — valid for every ``α > 0`` (docs/theory.md §9.6)."""
     p = derived.payload
     node = derived.nodes[derived.blocks[0].name]
     m, lip_step = node.consts(env)
-    lip = max(float(p.inclusion.lipschitz(env)), lip_step)
+    lip = max(_matrix_norm(p.inclusion, env), lip_step)
     if p.method == "forward-backward":
         a = m / lip_step ** 2
         return Factor(math.sqrt(max(0.0, 1 - 2 * a * m + (a * lip) ** 2)),
@@ -171,6 +171,17 @@ def splitting_contraction(derived: Any, env: Env | None) -> Factor:
     if p.method == "peaceman-rachford":
         return Factor(c, "√(1 − 4αm/(1 + 2αm + α²L̄²)), α = 1/L, L̄ ≥ ||M||₂")
     return Factor(0.5 * (1 + c), "(1 + √(1 − 4αm/(1 + 2αm + α²L̄²)))/2, α = 1/L, L̄ ≥ ||M||₂")
+
+
+def _matrix_norm(inc: Any, env: Env | None) -> float:
+    """``L̄ ≥ ||M||₂`` of an inclusion's ``F(z) = Mz − q``: the dense float64 SVD raised as in
+    :func:`certified_norm` up to :data:`CERT_DENSE_ENTRIES` entries, else
+    :meth:`Inclusion.lipschitz` (``√(||M||₁||M||_∞)``)."""
+    n = inc.z.size
+    if n * n > CERT_DENSE_ENTRIES:
+        return float(inc.lipschitz(env))
+    top = float(torch.linalg.svdvals(torch.from_numpy(inc.matrix(env)))[0])
+    return top * (1.0 + 8.0 * n * _U64)
 
 
 #: payload type → ``Lip(T)`` with certified norms (default: :func:`declared_contraction`)
