@@ -65,6 +65,10 @@ class TrainingSettings:
         certificate has ``||A||₂ ≤ bound`` conditions, ``weight_bounds`` names weights or a
         ``lipschitz_target`` is set)."""
         bounds = dict(self.weight_bounds or {})
+        if self.lipschitz_target is None and self.contraction_target != 0.5:
+            raise OptionError("contraction_target applies only together with a "
+                              "lipschitz_target", term="TrainingSettings",
+                              hint="set lipschitz_target, or leave contraction_target at 0.5")
         if self.lipschitz_target is not None:
             from .robustness import lipschitz_weight_bounds
 

@@ -28,7 +28,7 @@ from torch import nn
 from convex_eq.errors import CertificateError
 from convex_eq.operators.base import norm_policy
 
-from .bounds import _policy, certify, contraction, module_constants
+from .bounds import _policy, certify, contraction, layer_terms, module_constants
 from .weight_control import controlled_conditions
 
 
@@ -147,20 +147,17 @@ def certified_radius(model: Any, x: torch.Tensor) -> Certification:
 
 # ----------------------------------------------------------------------------- weight bounds
 def injection_weights(derived: Any) -> list[tuple[Any, str]]:
-    """``(operator, weight name)`` of every linear map applied to an input in the declared
-    objective (``U`` of ``⟨Ux + b, z⟩``), one weight each."""
-    src = derived.source
-    objs = getattr(src, "layers", None) or [src]
+    """``(operator, weight name)`` of every linear map applied to an input in the terms of
+    ``T`` (``U`` of ``⟨Ux + b, z⟩``), one weight each."""
     out: list[tuple[Any, str]] = []
-    for obj in objs:
-        for t in obj.terms:
-            for a in t.args:
-                for e in a.entries:
-                    if e.symbol.kind != "input" or e.op is None:
-                        continue
-                    ws = [s for s in e.op.symbols() if s.kind == "weight"]
-                    if len(ws) == 1 and all(ws[0].name != n for _, n in out):
-                        out.append((e.op, ws[0].name))
+    for t in layer_terms(derived):
+        for a in t.args:
+            for e in a.entries:
+                if e.symbol.kind != "input" or e.op is None:
+                    continue
+                ws = [s for s in e.op.symbols() if s.kind == "weight"]
+                if len(ws) == 1 and all(ws[0].name != n for _, n in out):
+                    out.append((e.op, ws[0].name))
     return out
 
 
@@ -201,6 +198,12 @@ def lipschitz_weight_bounds(derived: Any, target: float, contraction_target: flo
                                term="lipschitz_target", hint="declare the injection as U @ x")
     controlled = [(op, n, b) for op, n, b in controlled_conditions(derived)
                   if all(n != m for _, m in inj)]
+    loose = _unkept(derived, {*(n for _, n in inj), *(n for _, n, _ in controlled)})
+    if loose:
+        raise CertificateError(f"the weights {loose} move the layer's Lipschitz constant and no "
+                               "norm bound keeps them", term="lipschitz_target",
+                               hint="a layer whose contraction rests on norm conditions of "
+                               "single weights (OptEq, deep OptEq) or a monotone inclusion")
     bounds: dict[str, float] = {}
     if controlled:
         now = _norms(env, [(op, n) for op, n, _ in controlled])
@@ -213,6 +216,29 @@ def lipschitz_weight_bounds(derived: Any, target: float, contraction_target: flo
         raise CertificateError(unit.lipschitz_refusal, term="lipschitz_target")
     s = target / unit.lipschitz.value
     return {**bounds, **{n: s for _, n in inj}}
+
+
+def _unkept(derived: Any, kept: set[str]) -> list[str]:
+    """Trained weights the layer's constants read that no bound keeps: every weight of the
+    objective except biases (added to an argument as they are) — none for a monotone inclusion
+    or saddle whose margin holds for every weight (their bound reads ``U`` and ``m`` only)."""
+    p = derived.payload
+    if type(p).__name__ == "SaddlePayload" or (
+            type(p).__name__ == "SplittingPayload" and p.inclusion.margin(None).for_every_weight):
+        return []
+    out: list[str] = []
+    for t in layer_terms(derived):
+        for a in t.args:
+            for e in a.entries:
+                if e.symbol.kind == "input" and (e.op is None or len(
+                        [s for s in e.op.symbols() if s.kind == "weight"]) != 1):
+                    out.append(f"{e.symbol.name} (not through one weight)")
+        biases = {e.symbol.name for a in t.args for e in a.entries
+                  if e.symbol.kind == "weight" and e.op is None}
+        for s in t.symbols():
+            if s.kind == "weight" and s.name not in kept | biases and s.name not in out:
+                out.append(s.name)
+    return out
 
 
 def _contraction_fraction(derived: Any, env: dict, now: dict[str, float],

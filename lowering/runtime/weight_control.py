@@ -365,14 +365,16 @@ def _operator_for(derived: Any, name: str) -> Any:
             return op
         return None
 
+    from .bounds import layer_terms  # (T's terms: ψ of a Theorem 1 layer, not its conjugate)
+
     src = derived.source
     layers = getattr(src, "layers", None) or [src]
-    for obj in layers:
-        for t in getattr(obj, "terms", []):
-            for a in t.args:
-                for e in a.entries:
-                    if e.op is not None and (found := walk(e.op)) is not None:
-                        return found
+    terms = [t for obj in layers for t in getattr(obj, "terms", [])]
+    for t in [*terms, *layer_terms(derived)]:
+        for a in t.args:
+            for e in a.entries:
+                if e.op is not None and (found := walk(e.op)) is not None:
+                    return found
     for s in derived.parameters:
         if s.name == name and len(s.shape) == 2:
             return Dense(s)

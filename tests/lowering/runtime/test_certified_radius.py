@@ -39,6 +39,7 @@ def test_max_pool_constant_is_attained_and_never_exceeded(n: int, out: int) -> N
     # attained: a unit spike at the most covered position moves every window that holds it
     best = max(float(torch.linalg.vector_norm(layer(torch.eye(n, dtype=F64)[i][None, None])))
                for i in range(n))
+    # (square roots of small integers in float64: equal to the last bits)
     assert best == pytest.approx(lip, rel=1e-12)
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(2000, 1, n, generator=g, dtype=F64) for _ in range(2))
@@ -53,7 +54,7 @@ def test_average_pool_constant_bounds_its_dense_svd(n: int, out: int) -> None:
     layer = nn.AdaptiveAvgPool1d(out)
     lip = pool_lipschitz(layer, (1, n))
     exact = np.linalg.svd(_pool_matrix(layer, n), compute_uv=False)[0]
-    assert exact <= lip * (1 + 1e-12)
+    assert exact <= lip * (1 + 1e-12)  # (a 40-column SVD: round-off ~1e-15)
     if n % out == 0:
         assert lip == pytest.approx(exact, rel=1e-12) == pytest.approx(1 / math.sqrt(n // out))
 
@@ -92,6 +93,7 @@ def test_radius_is_the_margin_formula_transcribed() -> None:
         k = int(logits[i].argmax())
         r = min((logits[i, k] - logits[i, j] - np.linalg.norm(a[k] - a[j]) * eps[i])
                 / (np.linalg.norm(a[k] - a[j]) * lip) for j in range(5) if j != k)
+        # the same float64 arithmetic in another order: equal to round-off (~1e-15 relative)
         assert cert.radius[i].item() == pytest.approx(max(r, 0.0), rel=1e-9, abs=1e-15)
         assert cert.prediction[i].item() == k
     assert cert.lipschitz == lip and cert.pool_lipschitz == 1.0
@@ -143,6 +145,7 @@ def test_lipschitz_target_is_kept_through_training(kind: str) -> None:
         reference = u / (1 - w * w)  # L_σ = 1: ||U||/(1 − ||W||²)
     else:
         reference = u / 0.5  # ||U||/m with the MON's margin m = 0.5
+    # the certified norms are the dense SVDs raised by 8·max(m, n)·2⁻⁵³ (≤ 1e-12 here)
     assert reference <= clf.eq.lipschitz_bound() * (1 + 1e-9)
     assert clf.eq.lipschitz_bound() <= target
 
@@ -155,3 +158,17 @@ def test_lipschitz_weight_bounds_meet_the_target_at_the_bounds() -> None:
     assert b["U"] == pytest.approx(1.5, rel=1e-6)
     with pytest.raises(CertificateError, match="must be > 0"):
         lipschitz_weight_bounds(d, target=-1.0)
+
+
+def test_a_target_no_weight_control_can_keep_is_refused() -> None:
+    # GEQ's kernel weight W moves Lip(T) with no norm condition of its own to bound it
+    with pytest.raises(CertificateError, match=r"\['W'\] move the layer's Lipschitz"):
+        lipschitz_weight_bounds(lowering.lower(models.geq()), target=1.0)
+
+
+def test_contraction_target_without_a_lipschitz_target_is_refused() -> None:
+    from convex_eq.errors import OptionError
+
+    s = TrainingSettings(contraction_target=0.3)
+    with pytest.raises(OptionError, match="only together with a lipschitz_target"):
+        s.module_options(lowering.lower(models.opteq()))
