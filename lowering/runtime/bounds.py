@@ -434,6 +434,11 @@ def error_bound(module: Any, x: Any = None, z: torch.Tensor | None = None) -> to
     ``x`` and ``z``: the flat state ``(B, N)`` ``z`` (the output itself for a layer without an
     output map) with ``T`` evaluated once at it in float64.  Non-finite samples read ``inf``."""
     factor = error_factor(module).value
+    if module.dtype in (torch.float16, torch.bfloat16):
+        raise CertificateError(f"a {module.dtype} module rounds its output to that dtype after "
+                               "the solve, which the residual does not see", term="error_bound",
+                               hint="bound a float32 or float64 copy of the module "
+                               "(module.float())")
     if z is not None:
         if x is None:
             raise CertificateError("a state z is given without its input x", term="error_bound",
@@ -456,8 +461,7 @@ def error_bound(module: Any, x: Any = None, z: torch.Tensor | None = None) -> to
                                hint="pass x to solve again at the current weights")
     r = st.abs_residual
     assert r is not None
-    dt = torch.float32 if module.dtype in (torch.float16, torch.bfloat16) else module.dtype
-    r = with_rounding(r, st.image_norm, module.state_size, dt)
+    r = with_rounding(r, st.image_norm, module.state_size, module.dtype)
     return torch.where(torch.isfinite(r), factor * r, torch.full_like(r, math.inf)).cpu()
 
 

@@ -249,3 +249,9 @@ def test_a_layer_without_an_input_rule_is_refused() -> None:
     assert bool(torch.isfinite(m.error_bound(_inputs(m, 3))).all())
     with pytest.raises(CertificateError, match="no input Lipschitz rule"):
         m.lipschitz_bound()
+
+
+def test_half_precision_output_is_refused() -> None:
+    m = lowering.lower(models.opteq()).torch_module(dtype=torch.bfloat16)
+    with pytest.raises(CertificateError, match="rounds its output"):
+        m.error_bound(torch.randn(2, 8))
