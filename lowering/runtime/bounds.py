@@ -146,20 +146,6 @@ def _output_lipschitz(derived: Any, env: Env | None) -> float:
     return math.sqrt(sum(n.lip(env) ** 2 for _, n in derived.outputs))
 
 
-def layer_terms(derived: Any) -> list[Any]:
-    """The terms ``T`` is built from: ``ψ`` of each Theorem 1 layer (``s·Σσ̃(Wz + Ux + b)``,
-    whose conjugate the objective declares), else the objective's (or its layers') terms."""
-    p = derived.payload
-    kind = type(p).__name__
-    if kind == "TheoremOnePayload":
-        return [p.psi]
-    if kind == "DeepPayload":
-        return [t for inner in p.layers for t in layer_terms(inner)]
-    src = derived.source
-    return [t for obj in getattr(src, "layers", None) or [src] for t in obj.terms]
-
-
-
 # ----------------------------------------------------------------------------- contraction
 def declared_contraction(derived: Any, env: Env | None) -> Factor:
     """The derivation's own ``Lip(T)`` formula, evaluated with certified norms."""
@@ -497,5 +483,4 @@ def _residual_at(module: Any, x: Any, z: torch.Tensor) -> torch.Tensor:
 
 __all__ = ["CERT_DENSE_ENTRIES", "CONTRACTION_RULES", "ERROR_RULES", "SOLUTION_INPUT_RULES",
            "T_INPUT_RULES", "Certified", "Factor", "certified_norm", "certify", "error_bound",
-           "error_factor", "grad_input_lipschitz", "layer_terms", "lipschitz_bound",
-           "module_constants"]
+           "error_factor", "grad_input_lipschitz", "lipschitz_bound", "module_constants"]

@@ -28,8 +28,8 @@ from torch import nn
 from convex_eq.errors import CertificateError
 from convex_eq.operators.base import norm_policy
 
-from .bounds import _policy, certify, contraction, layer_terms, module_constants
-from .weight_control import controlled_conditions
+from .bounds import _policy, certify, contraction, module_constants
+from .weight_control import controlled_conditions, layer_terms
 
 
 # ----------------------------------------------------------------------------- pooling

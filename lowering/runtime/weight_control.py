@@ -352,6 +352,19 @@ class _FirstOrderNorm(torch.autograd.Function):
         return g, None, None
 
 
+def layer_terms(derived: Any) -> list[Any]:
+    """The terms ``T`` is built from: ``ψ`` of each Theorem 1 layer (``s·Σσ̃(Wz + Ux + b)``,
+    whose conjugate the objective declares), else the objective's (or its layers') terms."""
+    p = derived.payload
+    kind = type(p).__name__
+    if kind == "TheoremOnePayload":
+        return [p.psi]
+    if kind == "DeepPayload":
+        return [t for inner in p.layers for t in layer_terms(inner)]
+    src = derived.source
+    return [t for obj in getattr(src, "layers", None) or [src] for t in obj.terms]
+
+
 def _operator_for(derived: Any, name: str) -> Any:
     """The linear operator applying weight ``name`` (a Dense wrapper for plain matrices)."""
     from convex_eq.operators import Compose, Dense
@@ -364,8 +377,6 @@ def _operator_for(derived: Any, name: str) -> Any:
                                                                               "Conv2d"):
             return op
         return None
-
-    from .bounds import layer_terms  # (T's terms: ψ of a Theorem 1 layer, not its conjugate)
 
     src = derived.source
     layers = getattr(src, "layers", None) or [src]
