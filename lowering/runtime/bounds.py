@@ -55,14 +55,24 @@ class Factor:
 class Certified:
     """The bounds' constants at one weight version: ``error`` (``||o − o*|| ≤ error·||T(u) −
     u||``) and ``lipschitz`` (``Lip(x ↦ o*)`` w.r.t. the stacked inputs), each None with the
-    reason it is refused; ``contraction``: the certified ``Lip(T)`` (NaN where the rule uses
+    error that refuses it; ``contraction``: the certified ``Lip(T)`` (NaN where the rule uses
     none)."""
 
     error: Factor | None
-    error_refusal: str
+    error_refusal: CertificateError | None
     lipschitz: Factor | None
-    lipschitz_refusal: str
+    lipschitz_refusal: CertificateError | None
     contraction: float
+
+    def require(self, which: str) -> Factor:
+        """``error`` or ``lipschitz``, or the :class:`CertificateError` that refuses it (a fresh
+        one each time, with the refusal's reason, term and hint)."""
+        f, why = (self.error, self.error_refusal) if which == "error" else (
+            self.lipschitz, self.lipschitz_refusal)
+        if f is None:
+            assert why is not None
+            raise CertificateError(why.reason, term=why.term, hint=why.hint)
+        return f
 
 
 # ----------------------------------------------------------------------------- certified norms
@@ -202,7 +212,7 @@ def _below_one(derived: Any, env: Env | None) -> Factor:
         raise CertificateError(
             f"Lip(T) ≤ {lc.formula} = {lc.value:.4g} is not below 1 at these weights ({claim} "
             "claim): T is not a certified contraction, so a residual bounds no distance to a "
-            "fixed point", term="error_bound",
+            "fixed point", term="Lip(T)",
             hint="keep the certificate's norm conditions strictly (weight control with a margin)")
     return lc
 
@@ -363,14 +373,15 @@ def _solution_input(derived: Any, env: Env | None) -> Factor:
                   f"Lip_x(T)/(1 − L), Lip_x(T) ≤ {lx.formula}, L = {lc.formula}")
 
 
-def _attempt(fn: Callable[[], Factor]) -> tuple[Factor | None, str]:
+def _attempt(fn: Callable[[], Factor]) -> tuple[Factor | None, CertificateError | None]:
     try:
         f = fn()
     except CertificateError as err:
-        return None, str(err)
+        return None, err
     if not (math.isfinite(f.value) and f.value >= 0):
-        return None, f"the bound {f.formula} evaluates to {f.value!r} at these weights"
-    return f, ""
+        return None, CertificateError(f"the bound {f.formula} evaluates to {f.value!r} at these "
+                                      "weights", term="certified bounds")
+    return f, None
 
 
 _CHECKSUMS = Checksums()
@@ -398,18 +409,12 @@ def module_constants(module: Any) -> Certified:
 # ----------------------------------------------------------------------------- the bounds
 def error_factor(module: Any) -> Factor:
     """``c_e`` of the module at its current weights (a :class:`CertificateError` if refused)."""
-    c = module_constants(module)
-    if c.error is None:
-        raise CertificateError(c.error_refusal, term="error_bound")
-    return c.error
+    return module_constants(module).require("error")
 
 
 def lipschitz_bound(module: Any) -> Factor:
     """``Lip(x ↦ o*(x))`` w.r.t. the stacked inputs at the module's current weights."""
-    c = module_constants(module)
-    if c.lipschitz is None:
-        raise CertificateError(c.lipschitz_refusal, term="lipschitz_bound")
-    return c.lipschitz
+    return module_constants(module).require("lipschitz")
 
 
 def error_bound(module: Any, x: Any = None, z: torch.Tensor | None = None) -> torch.Tensor:

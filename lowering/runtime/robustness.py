@@ -115,10 +115,8 @@ class Certification:
 def input_lipschitz(model: Any) -> float:
     """``Lip(x ↦ o*)`` w.r.t. the classifier's own input: the layer's bound times ``√k`` when
     ``k`` branch inputs all read the same ``x`` (a reshape is an isometry)."""
-    lip = module_constants(model.eq)
-    if lip.lipschitz is None:
-        raise CertificateError(lip.lipschitz_refusal, term="certified_radius")
-    return lip.lipschitz.value * math.sqrt(len(model.input_names))
+    lip = module_constants(model.eq).require("lipschitz")
+    return lip.value * math.sqrt(len(model.input_names))
 
 
 def certified_radius(model: Any, x: torch.Tensor) -> Certification:
@@ -211,10 +209,8 @@ def lipschitz_weight_bounds(derived: Any, target: float, contraction_target: flo
                                   contraction_target)
         bounds = {n: t * b for _, n, b in controlled}
         env = _scaled(env, now, bounds.__getitem__)
-    unit = certify(derived, _scaled(env, _norms(env, inj), lambda n: 1.0))
-    if unit.lipschitz is None:
-        raise CertificateError(unit.lipschitz_refusal, term="lipschitz_target")
-    s = target / unit.lipschitz.value
+    unit = certify(derived, _scaled(env, _norms(env, inj), lambda n: 1.0)).require("lipschitz")
+    s = target / unit.value
     return {**bounds, **{n: s for _, n in inj}}
 
 
