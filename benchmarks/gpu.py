@@ -192,15 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"quick": args.quick, "device": name,
                            "command": command,
                            "machine": machine_info(torch.get_num_threads())}
+    def save() -> None:  # after every part: a run cut short keeps what it measured
+        (out / "gpu.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+
     if not args.skip_tests and dev.type == "cuda":
         res["tests"] = run_tests(log)
+        save()
     log("module vs hand loop vs torchdeq")
     res["module_vs_hand"] = module_vs_hand(args.quick, log, dev)
-    log("torch.compile")
-    res["compiled"] = compiled(args.quick, log, dev)
+    save()
     log("MNIST-1D epoch")
     res["mnist1d"] = mnist1d_epoch(args.quick, log, dev)
-    (out / "gpu.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    save()
+    log("torch.compile")
+    res["compiled"] = compiled(args.quick, log, dev)
+    save()
     (out / "gpu.md").write_text(markdown(res))
     log(f"wrote {out / 'gpu.md'} and {out / 'gpu.json'}")
     return 0 if res.get("tests", {}).get("returncode", 0) in (0, 5) else 1

@@ -174,7 +174,91 @@ def run(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
                 f"{row['ratio_paired']:.2f}× / {row['ratio_paired_best']:.2f}×; plain/plain "
                 f"{row['ratio_paired_same']:.2f}×; auto's adjoint {row['adjoint_auto']}")
     return {"rows": rows, "tol": TOL, "max_iter": MAX_ITER, "norm": NORM, "reps": reps,
+            "fixed": _fixed_cost(cfg, log), "weight_control": _weight_control_step(cfg, log),
             "compile": _compiled(cfg, log, qa, ca)}
+
+
+#: the fixed-cost row: one sample of a 256-state layer (a 256 × 256 ``W``), where what a call
+#: costs besides its iterations weighs most
+FIXED_N = 256
+
+
+def _fixed_cost(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    """The module with its defaults against the fastest hand loop at ``B = 1``, ``n = m =
+    FIXED_N``: forward (no gradient) and forward + backward, paired ratios."""
+    import lowering
+
+    n = 64 if cfg.quick else FIXED_N
+    dev = torch.device(cfg.device)
+    w64 = qp_weight(n, d=n, norm=NORM, seed=cfg.seed)
+    layer = lowering.lower(qp_objective(w64))
+    w = torch.as_tensor(w64, dtype=torch.float32)
+    qa, ca = qp_inputs(1, d=n, seed=cfg.seed)
+    q = torch.as_tensor(qa, dtype=torch.float32, device=dev)
+    c = torch.as_tensor(ca, dtype=torch.float32, device=dev)
+    lays = {"module": layer.torch_module(tol=TOL, max_iter=MAX_ITER, backward_tol=TOL,
+                                         backward_max_iter=MAX_ITER).requires_grad_(False)
+            .to(dev),
+            "hand-plain": HandLimit(w, "plain").to(dev),
+            "hand-anderson": HandLimit(w, "anderson").to(dev)}
+
+    def forward_only(lay: Any) -> Callable[[], Any]:
+        def go() -> Any:
+            with torch.no_grad():
+                return lay(q)
+        return go
+
+    methods = {f"{k} fwd": forward_only(v) for k, v in lays.items()}
+    methods.update({f"{k} fwd+bwd": fwd_bwd(v, q, c) for k, v in lays.items()})
+    for fn in methods.values():
+        fn()
+    reps = 2 if cfg.quick else 61
+    times = interleave(methods, dict.fromkeys(methods, reps), warmup=0 if cfg.quick else WARMUP)
+    t = {k: median(v) for k, v in times.items()}
+    out: dict[str, Any] = {"n": n, "batch": 1, "times_s": t, "all_times": times}
+    for what in ("fwd", "fwd+bwd"):
+        hand = min(("hand-plain", "hand-anderson"), key=lambda k, w=what: t[f"{k} {w}"])
+        out[f"ratio_{what}"] = paired_ratio(times[f"module {what}"], times[f"{hand} {what}"])
+        out[f"hand_{what}"] = hand
+    log(f"  fixed cost n={n} B=1: module {t['module fwd'] * 1e3:.3f} / "
+        f"{t['module fwd+bwd'] * 1e3:.3f} ms (fwd / fwd+bwd), module / hand {out['ratio_fwd']:.2f}"
+        f"× / {out['ratio_fwd+bwd']:.2f}×")
+    return out
+
+
+def _weight_control_step(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
+    """A training step (fwd+bwd with the weights' gradients, an Adam step) of the module with its
+    default weight control against ``weight_control=None``, on weights that need no control
+    (``||W||₂ = 0.9``): paired ratio per step.  Every step changes the weights (what weight
+    control must then measure or bound again); the small learning rate keeps the uncontrolled
+    module's weights inside the contraction region for all repetitions."""
+    import lowering
+
+    m, b = (64, 8) if cfg.quick else (1024, 32)
+    dev = torch.device(cfg.device)
+    layer = lowering.lower(qp_objective(qp_weight(m, norm=NORM, seed=cfg.seed)))
+    qa, ca = qp_inputs(b, seed=cfg.seed)
+    q = torch.as_tensor(qa, dtype=torch.float32, device=dev)
+    c = torch.as_tensor(ca, dtype=torch.float32, device=dev)
+    steps = {}
+    for name, wc in (("auto", "auto"), ("none", None)):
+        mod = layer.torch_module(weight_control=wc, tol=TOL, max_iter=MAX_ITER).to(dev)
+        opt = torch.optim.Adam(mod.parameters(), lr=1e-6)
+
+        def step(mod: Any = mod, opt: Any = opt) -> None:
+            opt.zero_grad()
+            (mod(q) * c).sum().backward()
+            opt.step()
+
+        steps[name] = step
+    for fn in steps.values():
+        fn()
+    reps = 2 if cfg.quick else 61
+    times = interleave(steps, dict.fromkeys(steps, reps), warmup=0 if cfg.quick else WARMUP)
+    ratio = paired_ratio(times["auto"], times["none"])
+    log(f"  weight control per training step m={m} B={b}: auto / None {ratio:.3f}×")
+    return {"m": m, "batch": b, "ratio": ratio, "times_s": {k: median(v) for k, v in
+                                                             times.items()}}
 
 
 def _compiled(cfg: Config, log: Callable[[str], None], qa: Any, ca: Any) -> dict[str, Any]:

@@ -81,6 +81,18 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"target": "(information) module plain / hand plain, the same "
                         "algorithms forward and adjoint (worst cell, paired)",
                         "measured": _x(same), "met": None})
+    fixed = res.get("limit", {}).get("fixed")
+    if fixed:
+        worst_fixed = max(fixed["ratio_fwd"], fixed["ratio_fwd+bwd"])
+        out.append({"target": f"fixed cost: module ≤ 1.2× the fastest hand loop at B = 1, n = "
+                    f"{fixed['n']} (fwd and fwd+bwd, paired)",
+                    "measured": f"{_x(fixed['ratio_fwd'])} / {_x(fixed['ratio_fwd+bwd'])}",
+                    "met": worst_fixed <= 1.2})
+    wcs = res.get("limit", {}).get("weight_control")
+    if wcs:
+        out.append({"target": f"default weight control ≤ 1.05× weight_control=None per training "
+                    f"step (m = {wcs['m']}, B = {wcs['batch']}, paired)",
+                    "measured": _x(wcs["ratio"]), "met": wcs["ratio"] <= 1.05})
     comp = res.get("limit", {}).get("compile")
     if comp:
         out.append({"target": f"torch.compile(module) faster than eager (fwd+bwd, m = "

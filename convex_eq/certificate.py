@@ -209,6 +209,21 @@ def quadratic_eigmin(obj: TermSum, env: Env | None) -> float:
     return float(np.linalg.eigvalsh(0.5 * (q + q.T)).min())
 
 
+def keep_default_weights_inside(obj: TermSum) -> None:
+    """Scale the weights whose values are the library's draws (``Weight`` without a value) into
+    the norm conditions ``||A||₂ ≤ bound`` of ``obj``'s certificate, to ``0.9·bound``
+    (``Weight.keep_inside``; docs/theory.md §2): an objective built from defaults is certified
+    as built.  Structural only until a value exists (declaring imports no torch)."""
+    if not any(getattr(s, "is_default", False) for t in obj.terms for s in t.symbols()):
+        return
+    for c in analyze(obj).conditions:
+        if c.op is None or c.sense != "<=":
+            continue
+        for s in c.op.symbols():
+            if getattr(s, "is_default", False):
+                s.keep_inside(c.op, c.bound)
+
+
 def certify(obj: TermSum, env: Env | None = None) -> Certificate:
     """Evaluate the structural analysis at the given weights."""
     cur = analyze(obj)

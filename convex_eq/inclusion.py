@@ -113,9 +113,14 @@ class Inclusion:
                              term=name or "Inclusion", hint="pass g=Potential('relu', z)")
         states = _unique([t.states() for t in self.g_terms + self.h_terms])
         if len(states) != 1:
-            raise ShapeError(f"an inclusion acts on one state block, found "
-                             f"{[s.name for s in states]}", term=name or "Inclusion",
-                             hint="declare one State z (a saddle objective: use Saddle)")
+            names = [s.name for s in states]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            hint = (f"reuse the State object '{twice[0]}' you declared first in every term "
+                    f"instead of declaring State({twice[0]!r}, …) again" if twice else
+                    "declare one State z (a saddle objective: use Saddle)")
+            raise ShapeError(f"an inclusion acts on one state block, found {names}"
+                             + (" (different objects with the same name)" if twice else ""),
+                             term=name or "Inclusion", hint=hint)
         self.z = states[0]
         for t in self.h_terms:
             affine_grad = t.smooth and (t.quad_parts(None) or t.curvature().kind == "affine")

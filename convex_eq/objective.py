@@ -10,7 +10,7 @@ import numpy as np
 from ._algebra import register
 from ._lazy import torch
 from .affine import values_from
-from .certificate import Certificate, analyze, certify
+from .certificate import Certificate, analyze, certify, keep_default_weights_inside
 from .errors import ConvexEqError, LoweringError, NotDCPError, ShapeError
 from .export import ExportContext, ExportedProblem
 from .symbols import Env, Symbol, as_tensor
@@ -35,6 +35,7 @@ class Objective:
         self.terms = flat
         self.name = name
         self._check_symbols()
+        keep_default_weights_inside(self)
 
     def _check_symbols(self) -> None:
         seen: dict[str, Symbol] = {}
@@ -42,8 +43,13 @@ class Objective:
             o = seen.get(s.name)
             if o is not None and o is not s:
                 raise ShapeError(
-                    f"two different symbols are named '{s.name}' ({o!r} and {s!r})",
-                    term=s.name, hint="give every symbol a unique name",
+                    f"two different symbol objects are named '{s.name}' ({o!r} and {s!r}): "
+                    "declaring a symbol again makes a new one, not a reference to the first",
+                    term=s.name,
+                    hint=f"reuse the object already in the objective (the {o.kind} "
+                    f"'{s.name}' you declared first) in the new term instead of declaring "
+                    f"{type(s).__name__}({s.name!r}, …) again; rename only a genuinely "
+                    "different symbol",
                 )
             seen[s.name] = s
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,12 +65,21 @@ class Symbol:
         """The bound value (a tensor of shape ``shape``), or None.  A value given as numbers or
         a numpy array becomes a float64 tensor on first read: declaring imports no torch."""
         if self._make is not None:
-            self._value, self._make = self._make(), None
+            make, self._make = self._make, None
+            self._value = make()
+            self._made()
         return self._value
 
     @value.setter
     def value(self, v: torch.Tensor | None) -> None:
         self._value, self._make = v, None
+        self._given()
+
+    def _made(self) -> None:
+        """Called once the value has been made on first read (a hook for subclasses)."""
+
+    def _given(self) -> None:
+        """Called when a value is bound (a hook for subclasses)."""
 
     def _check_value(self, value: Any) -> Any:
         """``value`` after checking its shape and finiteness: a tensor as it is, anything else as
@@ -144,25 +155,108 @@ class Input(Symbol):
 
 
 class Weight(Symbol):
-    """A learnable parameter (becomes ``nn.Parameter`` in emitted modules)."""
+    """A learnable parameter (becomes ``nn.Parameter`` in emitted modules).
+
+    Without a value the entries are drawn from ``N(0, 1/fan_in)``: from torch's global generator
+    (``torch.manual_seed`` before the declarations reproduces them; each weight gets its own
+    draw, in declaration order — weights declared before torch was imported draw, in that order,
+    at the first read of any of them), or from a private generator seeded with ``seed``.  Such a
+    default value is kept inside the norm conditions of every objective built with the weight
+    (``||W||₂ ≤ 0.9·bound``: see :meth:`keep_inside`); a value you give is never changed."""
 
     kind = "weight"
+    #: the value is the library's draw (no value given and none bound since)
+    _default = False
+    #: waiting for its draw from the global generator (declared before torch was imported)
+    _pending = False
 
     def __init__(self, name: str, shape: tuple[int, ...] | int, value: Any = None, *,
-                 seed: int = 0):
+                 seed: int | None = None):
         super().__init__(name, shape, value)
-        if value is None:
+        #: the norm conditions ``(operator, bound)`` the default value is kept inside
+        self._caps: list[tuple[Any, float]] = []
+        if value is not None:
+            return
+        self._default = True
+        if seed is not None:
             self._value, self._make = None, functools.partial(self._initial, seed)
+        elif "torch" in sys.modules:
+            _draw_pending()  # earlier declarations draw first: declaration order
+            self._value = self._draw(None)
+        else:
+            self._pending = True
+            self._value, self._make = None, self._draw_in_order
+            _PENDING.append(weakref.ref(self))
+
+    def _draw(self, generator: Any) -> torch.Tensor:
+        """``N(0, 1/fan_in)`` entries (float64) from ``generator`` (None: the global one)."""
+        fan_in = self.size // self.shape[0] if self.shape else 1
+        return torch.randn(self.shape, generator=generator, dtype=torch.float64) / math.sqrt(
+            max(fan_in, 1))
 
     def _initial(self, seed: int) -> torch.Tensor:
-        """``N(0, 1/fan_in)`` entries from the generator seeded with ``seed``."""
-        g = torch.Generator().manual_seed(seed)
-        fan_in = self.size // self.shape[0] if self.shape else 1
-        return torch.randn(self.shape, generator=g, dtype=torch.float64) / math.sqrt(
-            max(fan_in, 1))
+        """The draw from a private generator seeded with ``seed``."""
+        return self._draw(torch.Generator().manual_seed(seed))
+
+    def _draw_in_order(self) -> torch.Tensor:
+        """This weight's draw, after those of the weights declared before it."""
+        _draw_pending()
+        if self._pending:  # (not in this process's queue: e.g. unpickled)
+            self._pending = False
+            self._value = self._draw(None)
+        return self._value  # type: ignore[return-value]
+
+    def _made(self) -> None:
+        self._apply_caps()
+
+    def _given(self) -> None:
+        self._default = self._pending = False
+        self._caps = []
+
+    @property
+    def is_default(self) -> bool:
+        """True while the value is the library's draw (none given, none bound since)."""
+        return self._default
+
+    def keep_inside(self, op: Any, bound: float) -> None:
+        """Keep a default value inside the norm condition ``||op||₂ ≤ bound`` of a certificate:
+        scaled (never up) to ``||op||₂ ≤ 0.9·bound``, now if the value is made, else when it
+        is (docs/theory.md §2).  Nothing happens to a value you gave."""
+        if not self._default or any(o is op and b == bound for o, b in self._caps):
+            return
+        self._caps.append((op, float(bound)))
+        if self._make is None and self._value is not None:
+            self._apply_caps()
+
+    def _apply_caps(self) -> None:
+        for op, bound in self._caps:
+            target = 0.9 * bound
+            for _ in range(8):  # ||op|| is homogeneous of some degree ≥ 1 in this weight
+                norm = float(op.norm(None))
+                if not norm > target:
+                    break
+                self._value = self._value * (target / norm)
 
     def __matmul__(self, other: Any) -> Any:
         return build("dense", self) @ other
+
+
+#: weights declared before torch was imported, waiting for their draws (declaration order)
+_PENDING: list[weakref.ref[Weight]] = []
+
+
+def _draw_pending() -> None:
+    """Draw every waiting weight from the global generator, in declaration order, then keep
+    each inside its norm conditions (all values exist before any norm is measured)."""
+    drawn = []
+    while _PENDING:
+        w = _PENDING.pop(0)()
+        if w is not None and w._pending:
+            w._pending, w._make = False, None
+            w._value = w._draw(None)
+            drawn.append(w)
+    for w in drawn:
+        w._apply_caps()
 
 
 class Constant(Symbol):

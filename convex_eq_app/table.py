@@ -104,7 +104,7 @@ def _branches(cfg: TableConfig) -> dict[str, Any]:
             "scales": (1, 2)}
 
 
-def _branch_bounds(fusion: str) -> dict[str, float]:
+def branch_bounds(fusion: str) -> dict[str, float]:
     """``||W_i||₂`` bounds that keep the smooth quadratic part convex: ``1 - ||W_i||² -
     ||P||₂ ≥ 0`` with the coupling (``||P||₂ = 1/√2`` for pairwise averaging), ``||W_i|| ≤ 1``
     without it (POptEq: independent OptEq branches)."""
@@ -116,14 +116,14 @@ def mopteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """Multi-scale conv MOptEq with ``cfg.mopteq_fusion`` (H or H&D) and PE training."""
     obj = models.conv_mopteq(shape, lam=cfg.lam, seed=seed, fusion=cfg.mopteq_fusion,
                              branch_inputs=True, **_branches(cfg))
-    return _classifier(obj, cfg, _branch_bounds(cfg.mopteq_fusion),
+    return _classifier(obj, cfg, branch_bounds(cfg.mopteq_fusion),
                        cascade=cascade(obj, cfg.pe_eps))
 
 
 def popteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
     """POptEq: the same branches without fusion (MOptEq's parallel baseline)."""
     obj = models.conv_mopteq(shape, seed=seed, fusion="none", **_branches(cfg))
-    return _classifier(obj, cfg, _branch_bounds("none"))
+    return _classifier(obj, cfg, branch_bounds("none"))
 
 
 def geq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:

@@ -16,7 +16,9 @@ def lower(objective: Any, *, rules: RuleRegistry | None = None, **options: Any) 
 
     Options: ``regularizer`` ("auto" | "prox" | "gradient": variant of φ + γR edits),
     ``deep_form`` ("composition": ``T`` returns ``z_0`` | "multiblock": ``T`` returns every
-    block), ``tau`` (forward–backward step).  ``rules`` defaults to the registry that
+    block; a DeepComposition only), ``tau`` (forward–backward step, a number > 0; the
+    forward–backward rule only).  Other values and options that do not apply raise
+    ``OptionError`` (docs/guide.md §2).  ``rules`` defaults to the registry that
     :func:`register_rule` extends."""
     derived = (RULES if rules is None else rules).lower(objective, **options)
     if options and not derived.lower_options:

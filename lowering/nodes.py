@@ -44,6 +44,13 @@ class partial_evaluation:  # lower case: used like the function it was
         _PARTIAL.reset(self.token)
 
 
+def solve_cache() -> dict[Any, Any] | None:
+    """The cache of the running :class:`partial_evaluation` block (one forward solve, whose
+    inputs and weights do not change), or None outside one: what a node computes once per
+    solve from the weights can be kept there."""
+    return _PARTIAL.get()
+
+
 def eval_arg(a: Affine, vals: Z_t, env: Env | None) -> torch.Tensor:
     """``a`` at ``vals``; inside :func:`partial_evaluation` its state-free part is computed once."""
     cache = _PARTIAL.get()

@@ -207,3 +207,47 @@ def test_distribution_installs_the_four_packages_and_not_benchmarks() -> None:
     found = find_packages(where=str(ROOT), **conf["tool"]["setuptools"]["packages"]["find"])
     assert {p.split(".")[0] for p in found} == set(LAYERS)
     assert conf["project"]["scripts"]["convex-eq"] == "convex_eq_app.cli:main"
+
+
+def test_no_cycle_between_files_annotation_imports_included() -> None:
+    """In every product package not even an ``if TYPE_CHECKING:`` import closes a cycle."""
+    graph = {m: set(targets(m, deferred=True, typing=True)) for m in MODULES}
+    cycles = _cycles(graph)
+    assert not cycles, f"annotation-import cycle(s): {cycles}"
+
+
+def test_the_deriving_side_imports_nothing_of_the_runtime() -> None:
+    """``lowering``'s deriving modules (``lower``, the rules, ``DerivedLayer``, the nodes, the
+    trace, the converter, the perturbation) import nothing of ``lowering.runtime`` — deferred and
+    annotation-only imports included; only the package face ``lowering/__init__.py`` joins the
+    two wings (the runtime registers its emitters there)."""
+    deriving = [m for m in MODULES if m.split(".")[0] == "lowering" and m != "lowering"
+                and not m.startswith("lowering.runtime")]
+    assert "lowering.nodes" in deriving and "lowering.rules.theorem1" in deriving
+    bad = [f"{m} imports {t}" for m in deriving
+           for t in targets(m, deferred=True, typing=True) if t.startswith("lowering.runtime")]
+    assert not bad, "\n".join(bad)
+
+
+def _private_imports(name: str) -> list[str]:
+    """``from M import _x`` of a private name from another module (a private module of one's own
+    package, ``from . import _mod``, is allowed)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = []
+    for node in _imports(tree, deferred=True, typing=True):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for a in node.names:
+            if not a.name.startswith("_") or a.name.startswith("__"):
+                continue
+            if node.level and node.module is None:  # from . import _module
+                continue
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name} from "
+                       f"{'.' * node.level}{node.module or ''}")
+    return out
+
+
+def test_no_private_name_crosses_modules() -> None:
+    bad = [line for m in MODULES for line in _private_imports(m)]
+    assert not bad, "private names imported across modules:\n" + "\n".join(bad)

@@ -128,7 +128,10 @@ def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
                 env: Mapping[str, torch.Tensor], tol: float = 1e-12, max_iter: int = 500,
                 fallback: bool = True) -> tuple[torch.Tensor, EquilibriumInfo]:
     """Tight float64 solve of ``z = T(z, x)``: Anderson (m = 5), then (``fallback``) plain
-    iteration from its best iterate; returns the stacked state and the solve's record."""
+    iteration from its best iterate; returns the stacked state ``T(z)`` at the solver's
+    iterate ``z`` (in ``T``'s range, e.g. a prox's domain, which an Anderson mixture of iterates
+    need not be; no farther from the fixed point than ``z`` for a nonexpansive ``T``) and the
+    solve's record."""
     f = operator(derived, inputs, env)
     bsz = next(iter(inputs.values())).shape[0] if inputs else 1
     z0 = torch.zeros(bsz, derived.state_size, dtype=T64)
@@ -150,6 +153,9 @@ def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
                 return z0, _diverged(name + " → plain", _nonfinite(st), bsz, tol)
             name += " → plain"
             hist.append(st.residuals)
+        image = f(z)
+        if bool(torch.isfinite(image).all()):
+            z = image
     return z, info_from_stats(name, st, torch.cat(hist, dim=1), tol)
 
 

@@ -26,6 +26,7 @@ from .._lazy import cvxpy as cp
 from .._lazy import torch
 from ..errors import NotDCPError, ScaleError
 from . import _numeric as nm
+from ._implicit import implicit_root, recording, value_with_gradient
 
 INF = math.inf
 
@@ -196,16 +197,7 @@ class Activation:
         out = torch.full_like(w, INF)
         if lo < hi:
             ws = torch.where(inside, w, torch.full_like(w, self._conjugate_mid()))
-            w64 = ws.detach().to(torch.float64)
-            s = self._conjugate_argmax(w64)
-            with torch.no_grad():
-                val = self._conjugate_value(s).to(w.dtype)
-                gp = self._g_prime(s)
-                ok = gp > 1e-12
-                gps = torch.where(ok, gp, torch.ones_like(gp)).to(w.dtype)
-            dw = ws - ws.detach()
-            s_g = s.to(w.dtype) + torch.where(ok, dw / gps, torch.zeros_like(dw))
-            out = torch.where(inside, val + dw * self.sigma(s_g), out)
+            out = torch.where(inside, self._conjugate_interior(ws), out)
         for end, bval in ((lo, 0), (hi, 1)):
             if math.isfinite(end):
                 value = self._conjugate_boundary_value(bval)
@@ -341,11 +333,20 @@ class Activation:
 
     # --- prox solve ------------------------------------------------------------------------
     def _prox_solve(self, v: torch.Tensor, t: Scale) -> torch.Tensor:
+        """``σ(s)``, ``t s + (1 − t) σ(s) = v``: ``s`` by safeguarded Newton/bisection in
+        float64, attached by the implicit function ``ds/dv = 1/(t + (1 − t)σ'(s))``,
+        ``ds/dt = −(s − σ(s))/(t + (1 − t)σ'(s))`` to every order (docs/theory.md §1)."""
+        tt = t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=v.dtype,
+                                                                  device=v.device)
+        if not recording():
+            return self.sigma(self._prox_root(v, tt))
+        return self.sigma(implicit_root(self._prox_root, self._prox_partials, v, tt))
+
+    def _prox_root(self, v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The root ``s`` of ``t s + (1 − t) σ(s) = v`` (float64 solve, ``v``'s dtype; no
+        autograd)."""
         v64 = v.detach().to(torch.float64)
-        if isinstance(t, torch.Tensor):
-            t64 = t.detach().to(device=v.device, dtype=torch.float64)
-        else:
-            t64 = torch.tensor(t, dtype=torch.float64, device=v.device)
+        t64 = t.detach().to(device=v.device, dtype=torch.float64)
         v64, t64 = torch.broadcast_tensors(v64, t64)
 
         def h(s: torch.Tensor) -> torch.Tensor:
@@ -360,15 +361,13 @@ class Activation:
             rad = r0.abs() / m * (1 + 1e-9) + 1e-300
             s = nm.solve_increasing(h, dh, v64, v64 - rad, v64 + rad, x0=v64)
             s = torch.where(torch.isfinite(v64), s, v64)
-        needs_grad = v.requires_grad or (isinstance(t, torch.Tensor) and t.requires_grad)
-        if not needs_grad:
-            return self.sigma(s).to(v.dtype)
-        sd = s.to(v.dtype)
-        tt = t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=v.dtype)
-        with torch.no_grad():
-            slope = (tt + (1 - tt) * self.sigma_prime(sd)).detach()
-        s_g = sd - (tt * sd + (1 - tt) * self.sigma(sd).detach() - v) / slope
-        return self.sigma(s_g)
+        return s.to(v.dtype)
+
+    def _prox_partials(self, s: torch.Tensor, v: torch.Tensor, t: torch.Tensor
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``(F_s, [F_v, F_t])`` of ``F = t s + (1 − t) σ(s) − v``."""
+        return (t + (1 - t) * self.sigma_prime(s),
+                [-torch.ones_like(s), s - self.sigma(s)])
 
     # --- conjugate solve -------------------------------------------------------------------
     def _g(self, s: torch.Tensor) -> torch.Tensor:
@@ -392,6 +391,31 @@ class Activation:
         with torch.no_grad():
             lo, hi = nm.bracket_increasing(self._g, w64, w64)
             return nm.solve_increasing(self._g, self._g_prime, w64, lo, hi, x0=w64)
+
+    def _conjugate_root(self, w: torch.Tensor) -> torch.Tensor:
+        """The root ``s`` of ``s − σ(s) = w`` in ``w``'s dtype (float64 solve, no autograd)."""
+        return self._conjugate_argmax(w.detach().to(torch.float64)).to(w.dtype)
+
+    def _conjugate_partials(self, s: torch.Tensor, w: torch.Tensor
+                            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``(F_s, [F_w])`` of ``F = s − σ(s) − w``."""
+        return self._g_prime(s), [-torch.ones_like(s)]
+
+    def _conjugate_interior(self, w: torch.Tensor) -> torch.Tensor:
+        """``f_σ*(w)`` inside ``conjugate_domain``: the value at the root ``s`` of
+        ``s − σ(s) = w``, with ``d f_σ*/dw = σ(s(w))`` and ``s(w)`` an implicit root, so every
+        derivative order is exact (docs/theory.md §1)."""
+        def value(x: torch.Tensor) -> torch.Tensor:
+            s = self._conjugate_argmax(x.detach().to(torch.float64))
+            return self._conjugate_value(s).to(x.dtype)
+
+        if not recording():
+            return value(w)
+
+        def gradient(x: torch.Tensor) -> torch.Tensor:
+            return self.sigma(implicit_root(self._conjugate_root, self._conjugate_partials, x))
+
+        return value_with_gradient(value, gradient, w)
 
     def _conjugate_value(self, s: torch.Tensor) -> torch.Tensor:
         """``σ̃(s) - σ(s)²/2`` (= ``f_σ*(s - σ(s))``)."""
@@ -425,19 +449,26 @@ class Activation:
         inside = self._interior(u)
         mid = self._domain_point()
         us = torch.where(inside, u, torch.full_like(u, mid))
-        u64 = us.detach().to(torch.float64)
+        out = (implicit_root(self._inverse_root, self._inverse_partials, us) if recording()
+               else self._inverse_root(us))
+        out = torch.where(inside, out, torch.full_like(u, math.nan))
+        out = torch.where(u == lo, torch.full_like(u, self._inverse_at_end(0)), out)
+        return torch.where(u == hi, torch.full_like(u, self._inverse_at_end(1)), out)
+
+    def _inverse_root(self, u: torch.Tensor) -> torch.Tensor:
+        """The root ``s`` of ``σ(s) = u`` in ``u``'s dtype (float64 solve, no autograd)."""
+        u64 = u.detach().to(torch.float64)
         with torch.no_grad():
             x0 = torch.zeros_like(u64)
             blo, bhi = nm.bracket_increasing(self.sigma, u64, x0)
             s = nm.solve_increasing(self.sigma, self.sigma_prime, u64, blo, bhi, x0=x0)
-            sp_ = self.sigma_prime(s)
-            ok = sp_ > 1e-300
-            sps = torch.where(ok, sp_, torch.ones_like(sp_)).to(u.dtype)
-        du = us - us.detach()
-        out = s.to(u.dtype) + torch.where(ok, du / sps, torch.zeros_like(du))
-        out = torch.where(inside, out, torch.full_like(u, math.nan))
-        out = torch.where(u == lo, torch.full_like(u, self._inverse_at_end(0)), out)
-        return torch.where(u == hi, torch.full_like(u, self._inverse_at_end(1)), out)
+        return s.to(u.dtype)
+
+    def _inverse_partials(self, s: torch.Tensor, u: torch.Tensor
+                          ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``(F_s, [F_u])`` of ``F = σ(s) − u`` (``F_s = 0`` where ``σ`` is flat: derivative
+        0 there, the one-sided convention at saturated ends)."""
+        return self.sigma_prime(s), [-torch.ones_like(s)]
 
     def _inverse_at_end(self, side: int) -> float:
         """``σ⁻¹`` at a finite end of ``domain``: ``∓inf`` unless ``σ`` attains it."""

@@ -32,17 +32,7 @@ from .._lazy import torch
 from ..errors import ActivationError
 from . import _numeric as nm
 from .base import INF, Activation, TensorLike, fmt_interval
-
-#: grid used when sympy cannot decide the monotonicity / Lipschitz checks
-_TAIL = np.geomspace(20.0, 1e6, 2001)
-GRID = np.unique(np.concatenate([np.linspace(-20.0, 20.0, 40001), _TAIL, -_TAIL]))
-#: slack of the grid checks (``σ' ≥ -GRID_TOL`` and ``σ' ≤ 1 + GRID_TOL``)
-GRID_TOL = 1e-10
-
-CONDITION_HINT = (
-    "an activation must be nondecreasing and 1-Lipschitz (0 ≤ σ'(t) ≤ 1 for all t) for "
-    "f_σ = σ̃* - u²/2 to be convex with prox_{f_σ} = σ"
-)
+from .checks import CONDITION_HINT, GRID, GRID_TOL
 
 
 # ------------------------------------------------------------------ lambdify to torch / numpy

@@ -160,7 +160,7 @@ class LinOp:
                 e[torch.arange(k), start + torch.arange(k)] = 1.0
                 cols.append(self.apply(e, env))
         m = torch.cat(cols, dim=0).T.detach().cpu().to(torch.float64).numpy().copy()
-        return _finite(m, str(self))
+        return finite_matrix(m, str(self))
 
     def norm(
         self, env: Env | None = None, iters: int = 200, tol: float = 1e-10, seed: int = 0
@@ -256,7 +256,7 @@ def op_latex(op: Any) -> str:
     return f() if callable(f) else str(op)
 
 
-def _finite(m: np.ndarray, term: str) -> np.ndarray:
+def finite_matrix(m: np.ndarray, term: str) -> np.ndarray:
     if not np.isfinite(m).all():
         raise NonFiniteError("operator matrix contains NaN or Inf", term=term)
     return m

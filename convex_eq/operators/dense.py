@@ -10,7 +10,7 @@ from .._algebra import register
 from .._lazy import torch
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
-from .base import LinOp, _finite, as_symbol, resolve_weight
+from .base import LinOp, finite_matrix, as_symbol, resolve_weight
 
 
 class Dense(LinOp):
@@ -52,7 +52,7 @@ class Dense(LinOp):
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``W`` itself as a float64 numpy array (a copy)."""
         t = resolve_weight(self.W, env, torch.empty((), dtype=torch.float64), self)
-        return _finite(t.detach().numpy().copy(), str(self))
+        return finite_matrix(t.detach().numpy().copy(), str(self))
 
     def symbols(self) -> list[Symbol]:
         """``[W]``."""

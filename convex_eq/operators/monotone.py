@@ -18,7 +18,7 @@ import numpy as np
 from .._lazy import torch
 from ..errors import ScaleError, ShapeError
 from ..symbols import Env, Symbol
-from .base import LinOp, _finite, as_symbol, resolve_weight, unique_symbols
+from .base import LinOp, finite_matrix, as_symbol, resolve_weight, unique_symbols
 
 
 def _square(W: Symbol, what: str) -> int:
@@ -55,7 +55,7 @@ class Skew(LinOp):
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``B − Bᵀ`` as a float64 array."""
         t = self._mat(torch.empty((), dtype=torch.float64), env)
-        return _finite(t.detach().cpu().numpy().copy(), str(self))
+        return finite_matrix(t.detach().cpu().numpy().copy(), str(self))
 
     def norm(self, env: Env | None = None, iters: int = 200, tol: float = 1e-10,
              seed: int = 0) -> float:

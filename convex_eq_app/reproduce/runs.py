@@ -147,7 +147,7 @@ def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
     evaluation)."""
     import lowering
     from convex_eq import models
-    from convex_eq_app.table import _branch_bounds
+    from convex_eq_app.table import branch_bounds
     from lowering.perturbation import cascade
     from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
@@ -156,7 +156,7 @@ def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
                              scales=(1, 2), lam=0.05, fusion=fusion, seed=seed,
                              branch_inputs=pe > 0)
     return EquilibriumClassifier(lowering.lower(obj),
-                                 TrainingSettings(weight_bounds=_branch_bounds(fusion)),
+                                 TrainingSettings(weight_bounds=branch_bounds(fusion)),
                                  pool="none", cascade=cascade(obj, pe) if pe > 0 else None)
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -18,8 +20,50 @@ if TYPE_CHECKING:
     from ..derived import DerivedLayer
 
 
-#: the options ``lower`` accepts (see :func:`lowering.lower`)
-OPTIONS = frozenset({"regularizer", "deep_form", "tau"})
+#: ``deep_form`` of a DeepComposition: ``T`` returns ``z_0`` or every block
+DEEP_FORMS = ("composition", "multiblock")
+#: ``regularizer``: how ``φ + γR`` edits of a prox layer enter ``T``
+REGULARIZER_VARIANTS = ("auto", "prox", "gradient")
+#: the options ``lower`` accepts and their valid values (see :func:`lowering.lower`)
+OPTION_VALUES: dict[str, tuple[str, ...] | str] = {
+    "regularizer": REGULARIZER_VARIANTS,
+    "deep_form": DEEP_FORMS,
+    "tau": "a finite number > 0 (the forward–backward step; default 1/L)",
+}
+OPTIONS = frozenset(OPTION_VALUES)
+#: the options read by the rules during the outermost ``lower`` call in progress
+_READ: ContextVar[set[str] | None] = ContextVar("convex_eq_lower_options_read", default=None)
+
+
+def check_options(objective: Any, options: Mapping[str, Any]) -> None:
+    """Refuse unknown options, invalid values, and ``deep_form`` on anything but a
+    ``DeepComposition`` (an option that does not apply is refused, not ignored)."""
+    unknown = set(options) - OPTIONS
+    if unknown:
+        raise OptionError(f"unknown option(s) {sorted(unknown)}", term="lower",
+                          hint=f"valid options: {sorted(OPTIONS)}")
+    for name, value in options.items():
+        valid = OPTION_VALUES[name]
+        if isinstance(valid, tuple):
+            if not (isinstance(value, str) and value in valid):
+                raise OptionError(f"{name}={value!r} is not a valid value", term="lower",
+                                  hint=f"{name} is one of {', '.join(map(repr, valid))}")
+        elif not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value) and value > 0):
+            raise OptionError(f"{name}={value!r} is not a valid value (the step τ)", term="lower",
+                              hint=f"{name} is {valid}")
+    if "deep_form" in options and not isinstance(objective, DeepComposition):
+        raise OptionError(f"deep_form applies to a DeepComposition only (got a "
+                          f"{type(objective).__name__})", term="lower", hint="drop deep_form")
+
+
+def _check_no_state(objective: Any) -> None:
+    if isinstance(objective, Objective) and not objective.states:
+        raise LoweringError(
+            "the objective has no state: every term is a function of inputs and weights only, "
+            "so there is no equilibrium to solve for", term=str(objective),
+            hint="declare the unknown with State('z', n) and use it in the terms, e.g. "
+            "½||z||² − ⟨Ux, z⟩ + Σf_σ(z)")
 
 
 @dataclass(frozen=True)
@@ -55,17 +99,23 @@ class LowerContext:
     options: Mapping[str, Any]
     registry: RuleRegistry
 
+    def _read(self, name: str, default: Any) -> Any:
+        read = _READ.get()
+        if read is not None:
+            read.add(name)
+        return self.options.get(name, default)
+
     @property
     def regularizer(self) -> str:
-        return str(self.options.get("regularizer", "auto"))
+        return str(self._read("regularizer", "auto"))
 
     @property
     def deep_form(self) -> str:
-        return str(self.options.get("deep_form", "composition"))
+        return str(self._read("deep_form", "composition"))
 
     @property
     def tau(self) -> float | None:
-        return self.options.get("tau")
+        return self._read("tau", None)
 
     def lower(self, objective: Any) -> DerivedLayer:
         """Lower an inner objective with the same rules and options (``deep_form`` aside)."""
@@ -123,12 +173,10 @@ class RuleRegistry:
     def lower(self, objective: Any, **options: Any) -> DerivedLayer:
         """Derive ``T`` of ``objective`` (a Term is one-term Objective) with the first rule
         that matches it; options as :func:`lowering.lower`."""
-        unknown = set(options) - OPTIONS
-        if unknown:
-            raise OptionError(f"unknown option(s) {sorted(unknown)}", term="lower",
-                              hint=f"valid options: {sorted(OPTIONS)}")
         if isinstance(objective, Term):
             objective = Objective([objective])
+        check_options(objective, options)
+        _check_no_state(objective)
         found = self.find(objective)
         if found is None:
             if not isinstance(objective, (Objective, DeepComposition)):
@@ -136,7 +184,18 @@ class RuleRegistry:
                                     hint="pass an Objective, a Term or a DeepComposition")
             raise LoweringError(_why(objective), term=str(objective), hint=_hint(objective))
         rule, match = found
-        return rule.lower(match, LowerContext(options, self))
+        if _READ.get() is not None:  # an inner objective of a call in progress
+            return rule.lower(match, LowerContext(options, self))
+        token = _READ.set(set())
+        try:
+            derived = rule.lower(match, LowerContext(options, self))
+            if "tau" in options and "tau" not in (_READ.get() or ()):
+                raise OptionError(f"tau applies to the forward–backward rule only; "
+                                  f"'{rule.name}' derived this layer without a step",
+                                  term="lower", hint="drop tau")
+        finally:
+            _READ.reset(token)
+        return derived
 
     def __iter__(self) -> Iterator[Rule]:
         return iter(list(self._rules))

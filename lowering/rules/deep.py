@@ -19,9 +19,9 @@ from convex_eq.terms.base import Condition
 from ..derived import DerivedLayer
 from ..nodes import Coef, Combo, Named, Node, ScalarCoef, Substitute, Var
 from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
-from .base import LowerContext, Match, Payload
+from .base import DEEP_FORMS, LowerContext, Match, Payload
 
-FORMS = ("composition", "multiblock")
+FORMS = DEEP_FORMS
 
 
 @dataclass(frozen=True)
@@ -63,17 +63,7 @@ def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
     if form not in FORMS:
         raise OptionError(f"unknown deep form {form!r}", term="lower", hint=f"use one of {FORMS}")
     a = comp.alpha_value()
-    # α as read at each evaluation (a Scalar, possibly learnable) or a fixed number
-    if isinstance(comp.alpha, Scalar):
-        ca: Coef = ScalarCoef(comp.alpha)
-        cb: Coef = ScalarCoef(comp.alpha, -1.0, 1.0)
-        a_of = comp.alpha_value
-        a_txt = comp.alpha.name
-    else:
-        ca, cb, a_txt = a, 1.0 - a, f"{a:g}"
-
-        def a_of(env: Any, a: float = a) -> float:
-            return a
+    ca, cb, a_txt, a_of = _skip_coefficients(comp, a)
     blocks = comp.blocks
     steps: list[Step] = []
     layer_nodes, inners = [], []
@@ -92,7 +82,43 @@ def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
                           "; ".join(c.text for c in conds) or "none",
                           (f"φ_{i + 1}(", b, ") = ", phi), (f"f_{i + 1}(", b, ") = ", f),
                           note=f"f_{i + 1} = prox of α M^{{1-α}}[φ_{i + 1}]"))
-    L = comp.L
+    nodes, out_blocks, step = _composed(form, blocks, layer_nodes, comp.L)
+    steps.append(step)
+    cert = layers_certificate(inners)
+    hyp = (*(c.text for c in cert.conditions), "L_σ = 1")
+    if comp.L == 2 and a < 1:
+        obj = comp.corollary1_objective()
+        claim = Claim(ClaimKind.MINIMIZER, f"(z_1, z_0) minimizes {obj} (Corollary 1)",
+                      obj.latex(), str(obj), hyp)
+    else:
+        claim = Claim(ClaimKind.INCLUSION, "0 ∈ ∂Φ(z̃) + (I − P)z̃, Φ(z̃) = Σ_i α M^{1-α}[φ_i](z_i) "
+                      "(Theorem 2)", "0 \\in \\partial\\Phi(\\tilde z) + (I - P)\\tilde z",
+                      "", hyp)
+    return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes,
+                        derivation=Derivation(tuple(steps)), claim=claim,
+                        contraction=_contraction(form, [i.contraction for i in inners], a_of),
+                        certificate=cert,
+                        payload=DeepPayload(form, a, tuple(cert.conditions), tuple(layer_nodes),
+                                            tuple(inners)))
+
+
+def _skip_coefficients(comp: DeepComposition, a: float) -> tuple[Coef, Coef, str, Any]:
+    """``(α, 1 − α, α's text, env ↦ α)``: α as read at each evaluation (a Scalar, possibly
+    learnable) or a fixed number."""
+    if isinstance(comp.alpha, Scalar):
+        return (ScalarCoef(comp.alpha), ScalarCoef(comp.alpha, -1.0, 1.0), comp.alpha.name,
+                comp.alpha_value)
+
+    def a_of(env: Any, a: float = a) -> float:
+        return a
+
+    return a, 1.0 - a, f"{a:g}", a_of
+
+
+def _composed(form: str, blocks: list[Any], layer_nodes: list[Any], L: int
+              ) -> tuple[dict[str, Any], list[Any], Step]:
+    """The layer's nodes, its state blocks and the derivation step: ``T = f_L ∘ … ∘ f_1`` on
+    ``z_0`` (composition), or every block updated from its predecessor (multi-block)."""
     nodes: dict[str, Any] = {}
     if form == "composition":
         z0 = blocks[-1]
@@ -101,50 +127,32 @@ def lower(m: Match, ctx: LowerContext) -> DerivedLayer:
             cur = Named(f"f_{i + 1}", f"f_{{{i + 1}}}", Substitute(layer_nodes[i], blocks[i], cur),
                         cur)
         nodes[z0.name] = cur
-        out_blocks = [z0]
-        steps.append(Step("deep composition", "each f_l averaged/nonexpansive",
-                          ("T = f_L ∘ … ∘ f_1"), (z0, " ← ", cur)))
-    else:
-        for i in range(L):
-            prev = blocks[i - 1]
-            nodes[blocks[i].name] = Named(f"f_{i + 1}", f"f_{{{i + 1}}}",
-                                          Substitute(layer_nodes[i], blocks[i], Var(prev)),
-                                          Var(prev))
-        out_blocks = list(blocks)
-        steps.append(Step("multi-block form (Lemma 3)",
-                          "z̃ = (z_1, …, z_{L-1}, z_0); cyclic block permutation P",
-                          "T = f_L ∘ … ∘ f_1",
-                          "; ".join(f"{blocks[i].name} ← f_{i + 1}({blocks[i - 1].name})"
-                                    for i in range(L))))
-    cert = layers_certificate(inners)
-    hyp = (*(c.text for c in cert.conditions), "L_σ = 1")
-    if L == 2 and a < 1:
-        obj = comp.corollary1_objective()
-        claim = Claim(ClaimKind.MINIMIZER, f"(z_1, z_0) minimizes {obj} (Corollary 1)",
-                      obj.latex(), str(obj), hyp)
-    else:
-        claim = Claim(ClaimKind.INCLUSION, "0 ∈ ∂Φ(z̃) + (I − P)z̃, Φ(z̃) = Σ_i α M^{1-α}[φ_i](z_i) "
-                      "(Theorem 2)", "0 \\in \\partial\\Phi(\\tilde z) + (I - P)\\tilde z",
-                      "", hyp)
-    lips = [inner.contraction for inner in inners]
+        return nodes, [z0], Step("deep composition", "each f_l averaged/nonexpansive",
+                                 ("T = f_L ∘ … ∘ f_1"), (z0, " ← ", cur))
+    for i in range(L):
+        prev = blocks[i - 1]
+        nodes[blocks[i].name] = Named(f"f_{i + 1}", f"f_{{{i + 1}}}",
+                                      Substitute(layer_nodes[i], blocks[i], Var(prev)),
+                                      Var(prev))
+    return nodes, list(blocks), Step(
+        "multi-block form (Lemma 3)", "z̃ = (z_1, …, z_{L-1}, z_0); cyclic block permutation P",
+        "T = f_L ∘ … ∘ f_1",
+        "; ".join(f"{blocks[i].name} ← f_{i + 1}({blocks[i - 1].name})" for i in range(L)))
+
+
+def _contraction(form: str, lips: list[Contraction], a_of: Any) -> Contraction:
     if form == "composition":
-        contraction = Contraction(
+        return Contraction(
             "Π_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\prod_l (\\alpha L_l + 1 - \\alpha)",
             lambda env, ls=lips: _prod([a_of(env) * lc.value(env) + 1 - a_of(env)
                                         for lc in ls]),
         )
-    else:
-        # one application of the multi-block T updates every block from its predecessor, so
-        # Lip(T) (stacked Euclidean norm) is the largest layer constant, not their product
-        contraction = Contraction(
-            "max_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\max_l (\\alpha L_l + 1 - \\alpha)",
-            lambda env, ls=lips: max(a_of(env) * lc.value(env) + 1 - a_of(env) for lc in ls),
-        )
-    return DerivedLayer(source=comp, blocks=out_blocks, nodes=nodes,
-                        derivation=Derivation(tuple(steps)), claim=claim,
-                        contraction=contraction, certificate=cert,
-                        payload=DeepPayload(form, a, tuple(cert.conditions), tuple(layer_nodes),
-                                            tuple(inners)))
+    # one application of the multi-block T updates every block from its predecessor, so
+    # Lip(T) (stacked Euclidean norm) is the largest layer constant, not their product
+    return Contraction(
+        "max_l (α·Lip(prox_{φ_l}) + 1 − α)", "\\max_l (\\alpha L_l + 1 - \\alpha)",
+        lambda env, ls=lips: max(a_of(env) * lc.value(env) + 1 - a_of(env) for lc in ls),
+    )
 
 
 class Deep:

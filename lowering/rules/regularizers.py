@@ -21,10 +21,10 @@ from convex_eq.terms.moreau import MoreauEnvelope
 from ..derived import DerivedLayer
 from ..nodes import Combo, GradSum, Prox, Substitute, Var
 from ..trace import Claim, ClaimKind, Contraction, Step
-from .base import Payload
+from .base import REGULARIZER_VARIANTS, Payload
 from .common import certificate, envelope_problem, proxable
 
-VARIANTS = ("auto", "prox", "gradient")
+VARIANTS = REGULARIZER_VARIANTS
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,46 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
     for r in regs:
         if not _is_regularizer_on(r, z):
             raise LoweringError("regularizer must act on the layer state only", term=str(r))
+    prox_regs, grad_regs = _split_edits(regs, variant)
+    phi = base.source
+    d = base.derivation
+    inner: Any = Var(z)
+    modified_text, modified_latex = str(phi), phi.latex()
+    new_obj = phi
+    if grad_regs:
+        inner = Combo([(1.0, Var(z)), (1.0, GradSum(grad_regs, z, sign=-1.0))])
+        new_obj = Objective([*phi.terms, *grad_regs], name="phi+R")
+        d = d.then(Step(
+            "regularizer edit, gradient variant (Theorem 4)",
+            f"{' + '.join(str(r) for r in grad_regs)} differentiable (gradient rule of the term)",
+            ("φ → φ + ", *_joined(grad_regs)), ("z ← prox_φ(", inner, ")"),
+            note="fixed points are exactly the stationary points of φ + γR",
+        ))
+        modified_text, modified_latex = str(new_obj), new_obj.latex()
+    if prox_regs:
+        inner, step = _prox_edit(prox_regs[0], grad_regs, inner, z)
+        d = d.then(step)
+        new_obj = Objective([*new_obj.terms, MoreauEnvelope(prox_regs[0], 1.0)], name="phi+M[R]")
+        modified_text, modified_latex = str(new_obj), new_obj.latex()
+    cert = certificate(new_obj)
+    lip_base = base.contraction
+    contraction = Contraction(
+        f"({lip_base.formula})·(1 + Lip∇γR)" if grad_regs else lip_base.formula,
+        lip_base.latex,
+        (lambda env, b=lip_base, g=grad_regs: b.value(env) *
+         (1.0 + sum(r.grad_lipschitz(env) for r in g))),
+    )
+    return DerivedLayer(source=new_obj, blocks=[z],
+                        nodes={z.name: Substitute(base.nodes[z.name], z, inner)}, derivation=d,
+                        claim=_edited_claim(cert, bool(prox_regs), modified_text,
+                                            modified_latex),
+                        contraction=contraction, is_prox=False, certificate=cert,
+                        regularizers=regs,
+                        payload=EditPayload(base, "prox" if prox_regs else "gradient"))
+
+
+def _split_edits(regs: list[Term], variant: str) -> tuple[list[Term], list[Term]]:
+    """``(prox edits, gradient edits)`` by the variant asked for and what each term allows."""
     prox_regs, grad_regs = [], []
     for r in regs:
         env_why = envelope_problem(r, r.coef(None)) if proxable(r) else ""
@@ -80,70 +120,41 @@ def apply_edits(base: DerivedLayer, regs: list[Term], variant: str) -> DerivedLa
             hint="pass regularizer='gradient' to lower() (the smooth ones then enter as "
                  "gradient steps), or keep one prox-able regularizer",
         )
-    phi = base.source
-    node = base.nodes[z.name]
-    d = base.derivation
-    lip_base = base.contraction
-    inner = Var(z)
-    modified_text, modified_latex = str(phi), phi.latex()
-    new_obj = phi
+    return prox_regs, grad_regs
+
+
+def _prox_edit(r: Term, grad_regs: list[Term], inner: Any, z: Any) -> tuple[Any, Step]:
+    """The prox-variant edit ``z ← prox_φ(prox_R(·))`` (with the gradient edits beside it) and
+    its derivation step."""
     if grad_regs:
-        step = Combo([(1.0, Var(z)), (1.0, GradSum(grad_regs, z, sign=-1.0))])
-        inner = step
-        rs = " + ".join(str(r) for r in grad_regs)
-        new_obj = Objective([*phi.terms, *grad_regs], name="phi+R")
-        d = d.then(Step(
-            "regularizer edit, gradient variant (Theorem 4)",
-            f"{rs} differentiable (gradient rule of the term)",
-            ("φ → φ + ", *_joined(grad_regs)), ("z ← prox_φ(", step, ")"),
-            note="fixed points are exactly the stationary points of φ + γR",
-        ))
-        modified_text, modified_latex = str(new_obj), new_obj.latex()
-    if prox_regs:
-        r = prox_regs[0]
-        if grad_regs:
-            # not prox_R(z − ∇R_g(z)): that has fixed points 0 ∈ ∂φ(z) + ∇R_g(z) +
-            # ∇M¹_R(z − ∇R_g(z)), the envelope's gradient at the wrong point.  With
-            # prox_R(z) − ∇R_g(z) = z − ∇M¹_R(z) − ∇R_g(z) both are evaluated at z.
-            inner = Combo([(1.0, Prox(r, Var(z))), (1.0, GradSum(grad_regs, z, sign=-1.0))])
-            note = (f"with the gradient edits: prox and gradients both at z, so fixed points "
-                    f"are stationary points of φ + {' + '.join(str(g) for g in grad_regs)} + "
-                    f"M^1[{r}] (its Moreau envelope), NOT of φ + … + {r}")
-        else:
-            inner = Prox(r, inner)
-            note = (f"fixed points are minimizers of φ + M^1[{r}] (its Moreau envelope), "
-                    f"NOT of φ + {r}")
-        d = d.then(Step(
-            "regularizer edit, prox variant (Theorem 4)",
-            f"{r} has a closed-form prox",
-            ("φ → φ + ", r), ("z ← prox_φ(", inner, ")"),
-            note=note,
-        ))
-        new_obj = Objective([*new_obj.terms, MoreauEnvelope(r, 1.0)], name="phi+M[R]")
-        modified_text, modified_latex = str(new_obj), new_obj.latex()
-    new_node = Substitute(node, z, inner)
-    cert_obj = new_obj
-    cert = certificate(cert_obj)
+        # not prox_R(z − ∇R_g(z)): that has fixed points 0 ∈ ∂φ(z) + ∇R_g(z) +
+        # ∇M¹_R(z − ∇R_g(z)), the envelope's gradient at the wrong point.  With
+        # prox_R(z) − ∇R_g(z) = z − ∇M¹_R(z) − ∇R_g(z) both are evaluated at z.
+        inner = Combo([(1.0, Prox(r, Var(z))), (1.0, GradSum(grad_regs, z, sign=-1.0))])
+        note = (f"with the gradient edits: prox and gradients both at z, so fixed points "
+                f"are stationary points of φ + {' + '.join(str(g) for g in grad_regs)} + "
+                f"M^1[{r}] (its Moreau envelope), NOT of φ + … + {r}")
+    else:
+        inner = Prox(r, inner)
+        note = (f"fixed points are minimizers of φ + M^1[{r}] (its Moreau envelope), "
+                f"NOT of φ + {r}")
+    return inner, Step("regularizer edit, prox variant (Theorem 4)", f"{r} has a closed-form prox",
+                       ("φ → φ + ", r), ("z ← prox_φ(", inner, ")"), note=note)
+
+
+def _edited_claim(cert: Any, prox: bool, text: str, latex: str) -> Claim:
+    """What an equilibrium of the edited layer is: a (modified) minimizer when the edited
+    objective is certified convex, a stationary point otherwise."""
     convex = cert.kind != "nonconvex"
     if not convex:
         kind = ClaimKind.STATIONARY
     else:
-        kind = ClaimKind.MODIFIED_MINIMIZER if prox_regs else ClaimKind.MINIMIZER
-    what = f"{'minimizer' if convex else 'stationary point'} of {modified_text}"
+        kind = ClaimKind.MODIFIED_MINIMIZER if prox else ClaimKind.MINIMIZER
+    what = f"{'minimizer' if convex else 'stationary point'} of {text}"
     if not convex:
         what += f" (not convex: {cert.reason})"
-    claim = Claim(kind, what, f"\\text{{{kind} of }} {modified_latex}",
-                  objective_text=modified_text, conditions=tuple(c.text for c in cert.conditions))
-    contraction = Contraction(
-        f"({lip_base.formula})·(1 + Lip∇γR)" if grad_regs else lip_base.formula,
-        lip_base.latex,
-        (lambda env, b=lip_base, g=grad_regs: b.value(env) *
-         (1.0 + sum(r.grad_lipschitz(env) for r in g))),
-    )
-    return DerivedLayer(source=new_obj, blocks=[z], nodes={z.name: new_node}, derivation=d,
-                        claim=claim, contraction=contraction, is_prox=False, certificate=cert,
-                        regularizers=regs,
-                        payload=EditPayload(base, "prox" if prox_regs else "gradient"))
+    return Claim(kind, what, f"\\text{{{kind} of }} {latex}", objective_text=text,
+                 conditions=tuple(c.text for c in cert.conditions))
 
 
 def _joined(terms: list[Term]) -> tuple[Any, ...]:

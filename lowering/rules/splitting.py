@@ -29,9 +29,10 @@ import torch
 from convex_eq.errors import LoweringError
 from convex_eq.inclusion import Inclusion, MonotonicityCertificate, Saddle, saddle_step_sizes
 from convex_eq.symbols import Env
+from convex_eq.tensor_keys import content_key
 
 from ..derived import DerivedLayer
-from ..nodes import Node, Var, Z_t
+from ..nodes import Node, Var, Z_t, solve_cache
 from ..trace import Claim, ClaimKind, Contraction, Derivation, Step
 from .base import LowerContext, Match, Payload
 from .common import no_prox
@@ -47,17 +48,33 @@ def _value(t: torch.Tensor) -> torch.Tensor:
 
 
 def _env_key(syms: list[Any], env: Env | None) -> tuple | None:
-    """A key of the weights' current values (None: do not cache — autograd is recording)."""
+    """A key of the weights' current contents (``convex_eq.tensor_keys.content_key``: a write
+    through ``.data`` changes it too), or None: do not cache (autograd is recording, or a
+    value has no readable storage).  Inside one forward solve (``partial_evaluation``, whose
+    weights do not change) it is computed once and kept in the solve's own cache."""
     if torch.is_grad_enabled():
         return None
-    key = []
+    names, tensors, rest = [], [], []
     for s in syms:
         t = None if env is None else env.get(s.name)
+        if t is None:
+            t = s.value
         if isinstance(t, torch.Tensor):
-            key.append((s.name, t.data_ptr(), t._version, t.dtype, str(t.device)))
+            names.append(s.name)
+            tensors.append(t)
         else:
-            key.append((s.name, id(s.value), None))
-    return tuple(key)
+            rest.append((s.name, t))
+    solve = solve_cache()
+    memo = ("splitting weights key", *map(id, tensors))
+    if solve is not None and memo in solve:
+        contents = solve[memo]
+    else:
+        contents = content_key(*tensors)
+        if solve is not None:
+            solve[memo] = contents
+    if contents is None:
+        return None
+    return (tuple(zip(names, contents)), tuple(rest))
 
 
 class _PerWeights:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -20,13 +20,11 @@ from .backward import BACKWARD_STRATEGIES, AdjointConfig, FixedPointProblem, get
 from .failures import expand_stats, judge, spread_stats
 from .grad_mode import grad_off
 from .guards import indices, initial_state, inputs_of, nonfinite_inputs, refuse_forward_ad
+from .layer import Layer
 from .parameters import checked_env
 from .plan import PlanContext, Root, plan_of
 from .sam import sam_iterate
 from .solvers import CompiledSteps, SolverStats, Tracker, empty_stats, get_solver, rel_residual
-
-if TYPE_CHECKING:
-    from .module import EquilibriumModule
 
 #: dtypes solved internally in float32 (their 8-/11-bit mantissas cannot reach useful tolerances)
 HALF = (torch.float16, torch.bfloat16)
@@ -62,7 +60,7 @@ def strategy(mode: str) -> Any:
     return BACKWARD_STRATEGIES.get(mode) or get_backward(mode)  # (the latter: a typed error)
 
 
-def t_fn(m: EquilibriumModule, keys_in: list[str], keys_env: list[str]) -> TFn:
+def t_fn(m: Layer, keys_in: list[str], keys_env: list[str]) -> TFn:
     """``T(z, tensors)`` with the tensors in the order inputs (``keys_in``) then weights
     (``keys_env``): what the backward strategies differentiate."""
     n_in = len(keys_in)
@@ -73,7 +71,7 @@ def t_fn(m: EquilibriumModule, keys_in: list[str], keys_env: list[str]) -> TFn:
     return fn
 
 
-def general_call(m: EquilibriumModule, x: Any, z0: Any, return_stats: bool, steps: int,
+def general_call(m: Layer, x: Any, z0: Any, return_stats: bool, steps: int,
                  weights: dict[str, torch.Tensor], out_dtype: torch.dtype,
                  env: dict[str, torch.Tensor] | None, ids: torch.Tensor | None = None) -> Any:
     """:meth:`~lowering.runtime.module.EquilibriumModule.forward` for any call."""
@@ -108,7 +106,7 @@ def _applied(fn: TFn, tensors: list[torch.Tensor]) -> Callable[[torch.Tensor], t
     return lambda z: fn(z, tensors)
 
 
-def _read_call(m: EquilibriumModule, inputs: dict[str, torch.Tensor],
+def _read_call(m: Layer, inputs: dict[str, torch.Tensor],
                env: dict[str, torch.Tensor], z0: Any, out_dtype: torch.dtype,
                return_stats: bool) -> Call:
     """The call's batch, start and tensors; samples with NaN/Inf inputs dropped (mask mode,
@@ -135,7 +133,7 @@ def _read_call(m: EquilibriumModule, inputs: dict[str, torch.Tensor],
                 out_dtype, return_stats, bad_in)
 
 
-def compiled_steps_of(m: EquilibriumModule, steps: int
+def compiled_steps_of(m: Layer, steps: int
                       ) -> tuple[CompiledSteps, CompiledSteps] | None:
     """The module's compiled chunks (forward, adjoint) of ``steps`` iterations, made on first
     use inside ``torch.compile`` (own dynamo caches; not pickled); None for 0/1."""
@@ -148,7 +146,7 @@ def compiled_steps_of(m: EquilibriumModule, steps: int
     return have
 
 
-def plan_layer(m: EquilibriumModule, keys_in: list[str], keys_env: list[str],
+def plan_layer(m: Layer, keys_in: list[str], keys_env: list[str],
                tensors: list[torch.Tensor], z0: torch.Tensor, mode: str | None = None
                ) -> Planned | None:
     """``T`` planned for these inputs and weights: state-free parts computed once, the
@@ -181,7 +179,7 @@ def plan_layer(m: EquilibriumModule, keys_in: list[str], keys_env: list[str],
         (leaves if grad else [])
 
 
-def solve_forward(m: EquilibriumModule, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
+def solve_forward(m: Layer, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
                   steps: CompiledSteps | None = None, planned: bool = False
                   ) -> tuple[torch.Tensor, SolverStats]:
     """The forward solve.  Its data-dependent loop is never traced; under ``torch.compile``
@@ -202,7 +200,7 @@ def solve_forward(m: EquilibriumModule, f: Any, z0: torch.Tensor, inputs: dict, 
             return solver(f, z0, tol=fc.tol, max_iter=fc.max_iter, **fc.options)
 
 
-def unroll(m: EquilibriumModule, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
+def unroll(m: Layer, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor, SolverStats]:
     """``K`` plain iterations with autograd; the returned point is the last iterate (its
     residual measured, and reported against ``tol``)."""
     if z0.shape[0] == 0:  # an empty batch (e.g. every sample masked out): nothing to measure;
@@ -219,7 +217,7 @@ def unroll(m: EquilibriumModule, f: Any, z0: torch.Tensor) -> tuple[torch.Tensor
     return z, tr.stats()
 
 
-def adjoint_config(m: EquilibriumModule, steps: CompiledSteps | None,
+def adjoint_config(m: Layer, steps: CompiledSteps | None,
                    rows: torch.Tensor | None) -> AdjointConfig:
     """How this module's adjoint fixed points are solved (``rows``: the batch index of each
     row of a subset, None for the whole batch)."""
@@ -228,7 +226,7 @@ def adjoint_config(m: EquilibriumModule, steps: CompiledSteps | None,
                          not m._batch_coupled, steps, rows)
 
 
-def backward_sink(m: EquilibriumModule, rows: torch.Tensor | None = None, batch: int = 0
+def backward_sink(m: Layer, rows: torch.Tensor | None = None, batch: int = 0
                   ) -> Callable[[SolverStats], None]:
     """Where the adjoint solve's statistics go: ``last_backward_stats`` (a plain attribute, as
     ``last_stats``), spread over the whole batch when the solve held a subset ``rows``
@@ -243,7 +241,7 @@ def backward_sink(m: EquilibriumModule, rows: torch.Tensor | None = None, batch:
     return sink
 
 
-def attach(m: EquilibriumModule, fn: TFn, tensors: list[torch.Tensor], z_star: torch.Tensor,
+def attach(m: Layer, fn: TFn, tensors: list[torch.Tensor], z_star: torch.Tensor,
            z0: torch.Tensor, planned: Planned | None = None, steps: CompiledSteps | None = None,
            rows: torch.Tensor | None = None, batch: int = 0) -> torch.Tensor:
     """The backward strategy's differentiable output at ``z_star`` (detached when no tensor
@@ -262,7 +260,7 @@ def attach(m: EquilibriumModule, fn: TFn, tensors: list[torch.Tensor], z_star: t
     return strategy(cfg.backward.mode).attach(problem, z_star, z0, cfg.backward)
 
 
-def finish(m: EquilibriumModule, call: Call, z_star: torch.Tensor, stats: SolverStats) -> Any:
+def finish(m: Layer, call: Call, z_star: torch.Tensor, stats: SolverStats) -> Any:
     """After the solve: judge it (raise / warn / mask), attach the backward strategy, apply
     the output map, put masked samples back, shape the output."""
     mode = m.config.backward.mode
@@ -299,7 +297,7 @@ def finish(m: EquilibriumModule, call: Call, z_star: torch.Tensor, stats: Solver
     return (out, stats) if call.return_stats else out
 
 
-def _accepted_only(m: EquilibriumModule, call: Call, z_star: torch.Tensor, ok: Any,
+def _accepted_only(m: Layer, call: Call, z_star: torch.Tensor, ok: Any,
                    solved: torch.Tensor | None) -> torch.Tensor:
     """The output with gradients through the accepted samples ``ok`` only, NaN elsewhere."""
     assert ok is not None

@@ -6,7 +6,7 @@ other calls need (docs/theory.md §8, the express call)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,14 +22,12 @@ from .call import (
     t_fn,
 )
 from .grad_mode import grad_off, set_grad_enabled
+from .layer import Layer
 from .plan import PlanContext, held_builder_of, plan_of
 from .solvers import SOLVERS, get_solver
 
-if TYPE_CHECKING:
-    from .module import EquilibriumModule
 
-
-def express_width(m: EquilibriumModule) -> int:
+def express_width(m: Layer) -> int:
     """The width of the one flat input when the layer can take the express call, else -1: one
     state block with a plan, one input, no SAM, no unrolled backward, no output map, the state
     itself as the output.  The layer's part is decided once (the node tree does not change;
@@ -50,7 +48,7 @@ def express_width(m: EquilibriumModule) -> int:
     return width
 
 
-def express_call(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Tensor],
+def express_call(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
                  return_stats: bool, z0: torch.Tensor | None = None,
                  ids: torch.Tensor | None = None) -> Any:
     """The common call.  With the implicit backward and a plan that holds its state-free
@@ -110,7 +108,7 @@ def express_call(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Ten
     return (z, stats) if return_stats else z
 
 
-def plan_held(m: EquilibriumModule, name: str, x: torch.Tensor, env: dict[str, torch.Tensor],
+def plan_held(m: Layer, name: str, x: torch.Tensor, env: dict[str, torch.Tensor],
               z0: torch.Tensor) -> Any:
     """The plan of ``T`` built with autograd from ``x`` and the weights themselves, when it
     holds its state-free tensors in closed form (``plan.held``); None otherwise (no plan:
@@ -146,7 +144,7 @@ def plan_held(m: EquilibriumModule, name: str, x: torch.Tensor, env: dict[str, t
     return plan
 
 
-def _express_leaves(m: EquilibriumModule, x: torch.Tensor, env: dict[str, torch.Tensor],
+def _express_leaves(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
                     z0: torch.Tensor, name: str, return_stats: bool,
                     ids: torch.Tensor | None) -> Any:
     """The express call for a plan differentiated through leaf copies of the tensors it was

@@ -7,22 +7,19 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 
 from convex_eq.errors import ConvergenceError, ConvergenceWarning, NonFiniteError
 
 from .guards import indices, refuse_coupled_mask
+from .layer import Layer
 from .parameters import refuse_nonfinite_weights
 from .solvers import SolverStats
 from .weight_control import controlled_conditions
 
-if TYPE_CHECKING:
-    from .module import EquilibriumModule
 
-
-def judge(m: EquilibriumModule, stats: SolverStats, bad_in: torch.Tensor | None
+def judge(m: Layer, stats: SolverStats, bad_in: torch.Tensor | None
            ) -> tuple[torch.Tensor | None, bool]:
     """``(ok mask of the solved samples, whether all are ok)``; raises / warns per
     ``on_nonconvergence``.  ``bad_in``: samples dropped for NaN/Inf inputs (None: none).
@@ -74,7 +71,7 @@ def judge(m: EquilibriumModule, stats: SolverStats, bad_in: torch.Tensor | None
     return ok, False
 
 
-def report_unrolled(m: EquilibriumModule, stats: SolverStats) -> None:
+def report_unrolled(m: Layer, stats: SolverStats) -> None:
     """``backward="unroll"`` returns the ``K``-th plain iterate whatever its residual (the layer
     is the ``K``-step map): its statistics say per sample whether it met ``tol``
     (``converged``), and the first call whose iterate does not meet it warns, once per module
@@ -92,7 +89,7 @@ def report_unrolled(m: EquilibriumModule, stats: SolverStats) -> None:
                   "module)", ConvergenceWarning, stacklevel=6)
 
 
-def hint(m: EquilibriumModule) -> str:
+def hint(m: Layer) -> str:
     """What to change — never an option that is already set."""
     tips = [f"raise max_iter (now {m.max_iter})" if m.sam is None else
             f"raise SAMConfig.max_iter (now {m.sam.max_iter}) or its tol (now "
@@ -116,7 +113,7 @@ def hint(m: EquilibriumModule) -> str:
     return ", ".join(tips)
 
 
-def contraction_text(m: EquilibriumModule) -> str:
+def contraction_text(m: Layer) -> str:
     """The contraction estimate at the current weights (re-evaluated at most every 30 s
     outside raise mode: the estimate runs power iterations, too costly for every step)."""
     c = m.derived.contraction

@@ -5,7 +5,7 @@ and what to do; docs/guide.md, the emitted module)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -13,9 +13,7 @@ from convex_eq.errors import InputTypeError, NonFiniteError, OptionError, ShapeE
 from lowering.derived import DerivedLayer
 
 from .grad_mode import grad_off
-
-if TYPE_CHECKING:
-    from .module import EquilibriumModule
+from .layer import Layer
 
 
 def indices(mask: torch.Tensor, limit: int = 10) -> str:
@@ -33,7 +31,7 @@ def batch_coupled(derived: DerivedLayer) -> bool:
                for obj in layers for t in getattr(obj, "terms", []))
 
 
-def refuse_coupled_mask(m: EquilibriumModule, term: str = "forward") -> None:
+def refuse_coupled_mask(m: Layer, term: str = "forward") -> None:
     """``on_nonconvergence='mask'`` on a layer that couples its batch (refused at construction,
     but the config is mutable): removing samples changes the others' ``T``."""
     if m._batch_coupled:
@@ -44,7 +42,7 @@ def refuse_coupled_mask(m: EquilibriumModule, term: str = "forward") -> None:
                           "when samples are removed)", term=term, hint=hint)
 
 
-def inputs_of(m: EquilibriumModule, x: Any, dtype: torch.dtype | None = None
+def inputs_of(m: Layer, x: Any, dtype: torch.dtype | None = None
               ) -> dict[str, torch.Tensor]:
     """The inputs as name → flat ``(B, size)`` tensors of the module's dtype, checked."""
     syms = m.input_syms
@@ -112,7 +110,7 @@ def _one_input(s: Any, given: dict[str, Any], dtype: torch.dtype) -> torch.Tenso
     return t if t.ndim == 2 and t.shape[1] == s.size else t.reshape(t.shape[0], s.size)
 
 
-def nonfinite_inputs(m: EquilibriumModule, inputs: dict[str, torch.Tensor]
+def nonfinite_inputs(m: Layer, inputs: dict[str, torch.Tensor]
                      ) -> torch.Tensor | None:
     """Samples with NaN/Inf inputs: named in a ``NonFiniteError``, or (mask mode) returned to
     be left out of the solve; None when every input is finite (one reduction each)."""
@@ -137,7 +135,7 @@ def nonfinite_inputs(m: EquilibriumModule, inputs: dict[str, torch.Tensor]
     return bad_in
 
 
-def initial_state(m: EquilibriumModule, z0: Any, b: int, dt: torch.dtype, dev: torch.device,
+def initial_state(m: Layer, z0: Any, b: int, dt: torch.dtype, dev: torch.device,
                   bad_in: torch.Tensor | None = None) -> torch.Tensor:
     """The flat start ``(B, N)``: zeros, or the given warm start, which must be finite except
     in the samples ``bad_in`` (NaN/Inf inputs, dropped from the solve)."""
@@ -166,7 +164,7 @@ def initial_state(m: EquilibriumModule, z0: Any, b: int, dt: torch.dtype, dev: t
     return z
 
 
-def functorch_ok(m: EquilibriumModule) -> bool:
+def functorch_ok(m: Layer) -> bool:
     """Whether the active ``torch.func`` transforms can run this call: ``backward="unroll"``
     (plain autograd through ``K`` iterations, no autograd.Function) without weight control,
     under grad / jacrev / jvp of the inputs.  vmap (the residuals are read on the host) and
@@ -183,7 +181,7 @@ def functorch_ok(m: EquilibriumModule) -> bool:
                    for w in weight_values(m).values())
 
 
-def refuse_transforms(m: EquilibriumModule) -> None:
+def refuse_transforms(m: Layer) -> None:
     """A typed error for ``torch.func`` transforms the module cannot serve: the solve reads
     residuals on the host every iteration and its backward is an autograd.Function."""
     if torch._C._are_functorch_transforms_active() and not functorch_ok(m):
@@ -196,7 +194,7 @@ def refuse_transforms(m: EquilibriumModule) -> None:
             "torch.func.functional_call works")
 
 
-def refuse_forward_ad(m: EquilibriumModule, inputs: dict[str, torch.Tensor],
+def refuse_forward_ad(m: Layer, inputs: dict[str, torch.Tensor],
                       env: dict[str, torch.Tensor]) -> None:
     """Forward-mode AD (dual tensors) reaches the implicit and phantom backwards'
     autograd.Functions, which have no ``jvp``: a typed error before the solve."""

@@ -36,6 +36,11 @@ class TopPair:
 
 
 UpperBound = Callable[[Any, str, dict], float]
+#: ``bound(op, delta) ≥ ||A(Δ)||₂`` for an operator ``A(W)`` linear in its weight: with Weyl's
+#: inequality ``||A(W)||₂ ≤ ||A(W₀)||₂ + ||A(W − W₀)||₂`` a weight close to one measured exactly
+#: is proved within its target without a new measurement
+DifferenceBound = Callable[[Any, torch.Tensor], float]
+DIFFERENCE_BOUNDS: dict[str, DifferenceBound] = {}
 #: operator class name → ``bound(op, weight_name, env) ≥ ||op||₂`` (a guaranteed upper bound)
 UPPER_BOUNDS: dict[str, UpperBound] = {}
 
@@ -48,6 +53,39 @@ def register_upper_bound(op_type: str) -> Callable[[UpperBound], UpperBound]:
         return fn
 
     return deco
+
+
+def register_difference_bound(op_type: str) -> Callable[[DifferenceBound], DifferenceBound]:
+    """Register ``bound(op, delta) ≥ ||A(Δ)||₂`` for operators named ``op_type``."""
+
+    def deco(fn: DifferenceBound) -> DifferenceBound:
+        DIFFERENCE_BOUNDS[op_type] = fn
+        return fn
+
+    return deco
+
+
+def difference_bound(op: Any, delta: torch.Tensor) -> float | None:
+    """The registered bound of ``||A(Δ)||₂`` for ``op`` (None: none registered)."""
+    for cls in type(op).__mro__:
+        fn = DIFFERENCE_BOUNDS.get(cls.__name__)
+        if fn is not None:
+            return fn(op, delta)
+    return None
+
+
+@register_difference_bound("Dense")
+def dense_difference(op: Any, delta: torch.Tensor) -> float:
+    """``||Δ||₂ ≤ ||Δ||_F``."""
+    return float(torch.linalg.vector_norm(delta.detach(), dtype=torch.float64))
+
+
+@register_difference_bound("_ConvNd")
+def conv_difference(op: Any, delta: torch.Tensor) -> float:
+    """``||A(ΔK)||₂ ≤ ||N||_F`` with ``N_oi = ||ΔK_oi||₁`` (Young's inequality per channel pair,
+    ``||k ∗ x||₂ ≤ ||k||₁ ||x||₂``, which zero padding, stride and grouping only shrink)."""
+    n1 = delta.detach().to(torch.float64).abs().flatten(2).sum(-1)
+    return float(torch.linalg.vector_norm(n1))
 
 
 def upper_bound(op: Any, name: str, env: dict) -> float | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,12 +17,10 @@ from lowering.derived import DerivedLayer
 from lowering.lower import lower
 
 from .config import ModuleConfig
+from .layer import Layer
 from .scalars import LearnableScalar
 from .versions import Checksums, finite
 from .weight_control import WeightControlWarning
-
-if TYPE_CHECKING:
-    from .module import EquilibriumModule
 
 
 def fingerprint(derived: DerivedLayer) -> str:
@@ -34,7 +32,7 @@ def fingerprint(derived: DerivedLayer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def register_tensors(m: EquilibriumModule, derived: DerivedLayer, cfg: ModuleConfig) -> None:
+def register_tensors(m: Layer, derived: DerivedLayer, cfg: ModuleConfig) -> None:
     """Weights (and constants made learnable) as parameters of ``m.weights``, other constants
     and fixed scalars as buffers, learnable scalars as unconstrained parameters
     ``m.scalar_params`` with the map onto their declared range."""
@@ -69,7 +67,7 @@ def register_tensors(m: EquilibriumModule, derived: DerivedLayer, cfg: ModuleCon
         m.register_buffer("dtype_ref", torch.zeros((), dtype=dtype), persistent=False)
 
 
-def weight_values(m: EquilibriumModule) -> dict[str, torch.Tensor]:
+def weight_values(m: Layer) -> dict[str, torch.Tensor]:
     """The weights by name: the ParameterDict's own storage (same names and order as its
     ``items()``, which walk the container protocol per call), unless a
     ``torch.nn.utils.parametrize`` map replaced an entry by a computed value (its class is then
@@ -78,7 +76,7 @@ def weight_values(m: EquilibriumModule) -> dict[str, torch.Tensor]:
     return w._parameters if type(w) is nn.ParameterDict else dict(w.items())
 
 
-def dtype_from(m: EquilibriumModule, weights: dict[str, torch.Tensor]) -> torch.dtype:
+def dtype_from(m: Layer, weights: dict[str, torch.Tensor]) -> torch.dtype:
     """The module's dtype from its weights (else its first constant, else its dtype buffer)."""
     ref = next(iter(weights.values()), None)
     if ref is None and m._const_names:
@@ -88,7 +86,7 @@ def dtype_from(m: EquilibriumModule, weights: dict[str, torch.Tensor]) -> torch.
     return ref.dtype if ref is not None else m.config.dtype
 
 
-def device_of(m: EquilibriumModule) -> torch.device:
+def device_of(m: Layer) -> torch.device:
     """The device of the module's tensors (the CPU for a module without any)."""
     t = next(iter(weight_values(m).values()), None)
     if t is None:
@@ -96,7 +94,7 @@ def device_of(m: EquilibriumModule) -> torch.device:
     return t.device if t is not None else torch.device("cpu")
 
 
-def raw_env(m: EquilibriumModule, weights: dict[str, torch.Tensor] | None = None
+def raw_env(m: Layer, weights: dict[str, torch.Tensor] | None = None
             ) -> dict[str, torch.Tensor]:
     """Name → tensor of the weights (before weight control), constants and scalars."""
     env: dict[str, torch.Tensor] = dict(weight_values(m) if weights is None else weights)
@@ -109,7 +107,7 @@ def raw_env(m: EquilibriumModule, weights: dict[str, torch.Tensor] | None = None
     return env
 
 
-def checked_env(m: EquilibriumModule, weights: dict[str, torch.Tensor]
+def checked_env(m: Layer, weights: dict[str, torch.Tensor]
                 ) -> dict[str, torch.Tensor]:
     """:func:`raw_env` with every shape and the finiteness of every tensor checked (from their
     content keys, :mod:`lowering.runtime.versions`: one reduction and one host synchronisation
@@ -135,7 +133,7 @@ def checked_env(m: EquilibriumModule, weights: dict[str, torch.Tensor]
     return env
 
 
-def refuse_nonfinite_weights(m: EquilibriumModule) -> None:
+def refuse_nonfinite_weights(m: Layer) -> None:
     """After NaN/Inf iterates: a weight or constant with NaN/Inf entries is named (a
     ``NonFiniteError`` in every mode: it poisons every sample)."""
     tensors = {**weight_values(m), **{n: getattr(m, f"const_{n}") for n in m._const_names}}
@@ -148,12 +146,12 @@ def refuse_nonfinite_weights(m: EquilibriumModule) -> None:
                     term=name, hint="check the optimizer step / the loaded state_dict")
 
 
-def describe_layer(m: EquilibriumModule) -> str:
+def describe_layer(m: Layer) -> str:
     rules = [getattr(s, "rule", "?") for s in getattr(m.derived.derivation, "steps", [])]
     return f"{' → '.join(map(str, rules)) or 'layer'} of {m.derived.source}"[:200]
 
 
-def extra_state(m: EquilibriumModule) -> dict[str, Any]:
+def extra_state(m: Layer) -> dict[str, Any]:
     """What ``state_dict`` carries besides the tensors: the derivation's fingerprint and the
     weight-control targets (raw weights mean the trained layer only together with them)."""
     targets = ({name: t for _, name, t in m.weight_control.targets}
@@ -161,7 +159,7 @@ def extra_state(m: EquilibriumModule) -> dict[str, Any]:
     return {"fingerprint": m._fingerprint, "layer": describe_layer(m), "weight_targets": targets}
 
 
-def load_extra_state(m: EquilibriumModule, state: Any) -> None:
+def load_extra_state(m: Layer, state: Any) -> None:
     """Refuse weights saved from a different layer (same names and shapes, other ``T``);
     adopt the saved weight-control targets."""
     theirs = state.get("fingerprint") if isinstance(state, dict) else None
@@ -182,7 +180,7 @@ def load_extra_state(m: EquilibriumModule, state: Any) -> None:
                       stacklevel=3)
 
 
-def pickled_state(m: EquilibriumModule) -> dict[str, Any]:
+def pickled_state(m: Layer) -> dict[str, Any]:
     """Pickle support: a derived layer that cannot be pickled (closures in its contraction
     estimate) is replaced by its objective and re-lowered on load (checked by fingerprint)."""
     state = m.__dict__.copy()

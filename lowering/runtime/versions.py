@@ -1,11 +1,9 @@
-"""Content keys of the layer's tensors: what every cache of the runtime is keyed on.
-
-A key is ``(shape, dtype, device, Σ_i w_i r_i)`` with ``r`` a fixed pseudo-random vector per size:
-any write into a tensor — through ``.data``, ``copy_``, an optimizer step, a loaded state_dict —
-changes it (except with negligible probability), which a version counter or a data pointer does
-not promise (a write through ``.data`` bumps neither).  All keys of a call come from one stacked
-reduction and one host synchronisation; a NaN or Inf entry makes its key's sum non-finite, so
-the same reduction checks finiteness.
+"""Content keys of the layer's tensors, what the runtime's caches are keyed on:
+``(shape, dtype, device, checksum)`` with the floating checksum of
+:func:`convex_eq.tensor_keys.checksums` — any write (through ``.data``, ``copy_``, an optimizer
+step, a loaded state_dict) that moves it changes the key, which a version counter or a data
+pointer does not promise.  All keys of a call come from one host synchronisation; a NaN or Inf
+entry makes its key's checksum non-finite, so the same reduction checks finiteness.
 """
 
 from __future__ import annotations
@@ -14,47 +12,20 @@ import math
 
 import torch
 
-_HALF = (torch.float16, torch.bfloat16)
+from convex_eq.tensor_keys import checksums
 
 
 class Checksums:
-    """The fixed pseudo-random weightings (one per size, dtype and device) and the keys."""
-
-    def __init__(self) -> None:
-        self._r: dict[tuple, torch.Tensor] = {}
-
-    def __getstate__(self) -> dict:
-        return {"_r": {}}  # (tensors on some device: made again on use)
-
-    def _weights(self, t: torch.Tensor) -> torch.Tensor:
-        dt = torch.float32 if t.dtype in _HALF else t.dtype
-        key = (t.numel(), dt, t.device)
-        r = self._r.get(key)
-        if r is None:
-            g = torch.Generator().manual_seed(0x5EED + t.numel())
-            # in [1, 2): no weight is 0, so a change of any single entry moves the sum
-            r = 1.0 + torch.rand(t.numel(), generator=g, dtype=torch.float64)
-            with torch.inference_mode(False):
-                r = self._r[key] = r.to(dtype=dt, device=t.device)
-        return r
+    """Keys of name → tensor maps (a small object, so that a module can hold its own)."""
 
     def keys(self, tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
         """``name → key`` for every tensor, one host synchronisation for all."""
-        if not tensors:
-            return {}
-        with torch.no_grad():
-            sums = []
-            for t in tensors.values():
-                flat = t.detach().reshape(-1)
-                if flat.dtype in _HALF:
-                    flat = flat.float()
-                sums.append(torch.dot(flat, self._weights(flat)) if flat.numel()
-                            else flat.new_zeros(()))
-            values = torch.stack([s.to(torch.float64) for s in sums]).tolist()
+        values = checksums(tensors.values())
         return {n: (tuple(t.shape), t.dtype, t.device, v)
                 for (n, t), v in zip(tensors.items(), values)}
 
 
 def finite(key: tuple) -> bool:
-    """Whether the tensor of this key has only finite entries (its weighted sum is finite)."""
+    """Whether the tensor of this key may have only finite entries (its checksum is finite; a
+    non-finite one is confirmed entry by entry by the caller: the sum may have overflowed)."""
     return math.isfinite(key[3])

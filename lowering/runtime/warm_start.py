@@ -9,19 +9,15 @@ entries of the module's dtype.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from convex_eq.errors import OptionError, ShapeError
 
+from .layer import Layer
 from .weight_control import certificate_conditions, kept_by
 
-if TYPE_CHECKING:
-    from .module import EquilibriumModule
 
-
-def refuse_without_uniqueness(m: EquilibriumModule) -> None:
+def refuse_without_uniqueness(m: Layer) -> None:
     """A typed error unless the certificate makes the equilibrium unique for every weight
     training can reach: a convexity (or monotonicity) certificate, ``T`` a contraction at the
     weights now (``Lip(T) < 1``), and every condition of the certificate kept during training

@@ -27,7 +27,7 @@ import torch
 
 from convex_eq.errors import OptionError
 
-from .norms import TopPair, sigma_through, top_pair, upper_bound
+from .norms import TopPair, difference_bound, sigma_through, top_pair, upper_bound
 from .versions import Checksums
 
 MODES = ("spectral_norm", "project")
@@ -138,6 +138,10 @@ class WeightControl:
         #: per weight name: ``(content key, TopPair or None, ||A||₂ ≤ target proved by an upper
         #: bound)``, the measurement of the weight version with that key
         self.measured: dict[str, tuple[tuple, TopPair | None, bool]] = {}
+        #: per weight name: ``(W₀, its top singular pair)`` of the last exact measurement: later
+        #: versions are bounded from it by Weyl's inequality (:func:`norms.difference_bound`),
+        #: and their measurements start from its singular vector
+        self.anchors: dict[str, tuple[torch.Tensor, TopPair]] = {}
         self.checksums = Checksums()
         self.targets: list[tuple[Any, str, float]] = []
         #: the certificate's bound of each controlled weight (the warning names it)
@@ -156,7 +160,7 @@ class WeightControl:
                               hint="name the weights to control: weight_bounds={'W': 1.0}")
 
     def __getstate__(self) -> dict:
-        state = {**self.__dict__, "measured": {}}
+        state = {**self.__dict__, "measured": {}, "anchors": {}}
         state.pop("cache", None)
         state.pop("projected", None)
         return state
@@ -164,30 +168,46 @@ class WeightControl:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("measured", {})
+        self.__dict__.setdefault("anchors", {})
         self.__dict__.setdefault("checksums", Checksums())
         self.__dict__.setdefault("bounds", {n: t + self.margin for _, n, t in self.targets})
 
     def measure(self, op: Any, name: str, env: dict, key: tuple | None = None,
                 target: float | None = None) -> tuple[TopPair | None, bool]:
         """``(top singular pair, below)`` of ``op`` at ``env`` for the weight version ``key``
-        (measured once per version): ``below`` when a guaranteed upper bound already proves
-        ``||op||₂ ≤ target`` (no pair is then computed)."""
+        (measured once per version): ``below`` when a guaranteed bound already proves
+        ``||op||₂ ≤ target`` — Weyl's inequality from the last exact measurement
+        (``||A(W₀)||₂ + ||A(W − W₀)||₂``), or a registered upper bound — and no pair is then
+        computed."""
         if key is None:
             key = self.checksums.keys({name: env[name]})[name]
         have = self.measured.get(name)
         if have is not None and have[0] == key and (have[1] is not None or target is not None):
             return have[1], have[2]
-        if target is not None and (have is None or have[2]):
+        if target is not None and self._proved_below(op, name, env[name], target, have):
+            self.measured[name] = (key, None, True)
+            return None, True
+        anchor = self.anchors.get(name)
+        pair = top_pair(op, name, env, anchor[1].v if anchor is not None else None)
+        self.measured[name] = (key, pair, False)
+        with torch.inference_mode(False):
+            self.anchors[name] = (env[name].detach().clone(), pair)
+        return pair, False
+
+    def _proved_below(self, op: Any, name: str, w: torch.Tensor, target: float,
+                      have: tuple | None) -> bool:
+        """Whether a guaranteed bound proves ``||A(w)||₂ ≤ target`` without measuring it."""
+        anchor = self.anchors.get(name)
+        if anchor is not None and anchor[0].shape == w.shape and anchor[0].device == w.device:
+            d = difference_bound(op, w.detach() - anchor[0].to(w.dtype))
+            if d is not None and anchor[1].sigma + d <= target:
+                return True
+        if have is None or have[2]:
             # (an upper bound that did not prove the target for the last version is not
             # tried again: the exact measurement is needed anyway)
-            ub = upper_bound(op, name, env)
-            if ub is not None and ub <= target:
-                self.measured[name] = (key, None, True)
-                return None, True
-        start = have[1].v if have is not None and have[1] is not None else None
-        pair = top_pair(op, name, env, start)
-        self.measured[name] = (key, pair, False)
-        return pair, False
+            ub = upper_bound(op, name, {name: w})
+            return ub is not None and ub <= target
+        return False
 
     def sigma(self, op: Any, name: str, env: dict) -> float:
         """``||op||₂`` at ``env`` (exact to the power iteration's tolerance)."""
@@ -251,15 +271,22 @@ class WeightControl:
         pair, below = self.measure(op, name, env, key, target)
         if below or pair.sigma <= target:
             return p
+        sigma = target
         with torch.no_grad():
             p.mul_(target / pair.sigma)
             for k in range(8 if p.dtype in _HALF else 0):
                 # the in-place product is rounded to the half dtype: measured (and shrunk by a
                 # growing extra step, see _scaled_below)
-                sig_h = self._rounded_norm(op, name, env, p)
-                if sig_h <= target:
+                sigma = self._rounded_norm(op, name, env, p)
+                if sigma <= target:
                     break
-                p.mul_(target / sig_h * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
+                p.mul_(target / sigma * (1 - torch.finfo(p.dtype).eps * 2.0 ** (k - 4)))
+        # the projected version's norm is the target (σ(s·W) = s·σ(W)): recorded under its own
+        # key, so that the next forward does not project it again for a rounding (it would
+        # write into a parameter an earlier forward's graph still holds)
+        key = self.checksums.keys({name: p})[name]
+        self.measured[name] = (key, TopPair(min(sigma, target), pair.u, pair.v, pair.exact),
+                               False)
         return p
 
     def _rounded_norm(self, op: Any, name: str, env: dict, value: torch.Tensor) -> float:

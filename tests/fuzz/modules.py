@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import lowering
 from convex_eq import SqNorm, models
 from lowering import SAMConfig
-from lowering.weight_control import norm_conditions
+from lowering.runtime.guards import inputs_of
+from lowering.runtime.weight_control import norm_conditions
 
 MODELS = ("opteq", "opteq", "opteq-conj", "opteq-conj", "opteq-conv", "geq", "geq",
           "geq-patch", "deep", "deep-multiblock", "mopteq")
@@ -146,7 +147,7 @@ def f64_residual(module: Any, x: torch.Tensor, out: Any) -> tuple[np.ndarray, np
     outs = out if isinstance(out, tuple) else (out,)
     z = torch.cat([o.reshape(o.shape[0], -1) for o in outs], dim=1).detach().to(torch.float64)
     env = {k: v.detach().to(torch.float64) for k, v in module.env().items()}
-    inputs = {k: v.to(torch.float64) for k, v in module._inputs(x.to(torch.float64)).items()}
+    inputs = {k: v.to(torch.float64) for k, v in inputs_of(module, x.to(torch.float64)).items()}
     with torch.no_grad():
         tz = module.T(z, inputs, env)
     return (tz - z).norm(dim=1).numpy(), tz.norm(dim=1).numpy()

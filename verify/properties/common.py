@@ -77,7 +77,9 @@ def equilibrium(derived: Any, inputs: Mapping[str, torch.Tensor],
                 max_iter: int = 3000, z0: torch.Tensor | None = None,
                 plain_fallback: int = 60000) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
     """Solve ``z = T(z, x)`` (Anderson, then plain iteration if needed) to relative residual
-    ``tol``; returns ``(blocks, stacked z, worst relative residual)``.
+    ``tol``; returns ``(blocks, stacked z, worst relative residual)`` with ``z = T(z')`` at the
+    solver's iterate ``z'`` (in ``T``'s range, e.g. a prox's domain, which an Anderson mixture
+    of iterates need not be).
 
     Raises :class:`ReferenceFailure` when the residual is not reached (the caller's instance
     is then outside the contraction regime it assumed)."""
@@ -87,6 +89,7 @@ def equilibrium(derived: Any, inputs: Mapping[str, torch.Tensor],
         z0 = torch.zeros(b, derived.state_size, dtype=T64)
     with torch.no_grad():
         z, _ = lowering.solve(f, z0, solver="anderson", tol=tol, max_iter=max_iter)
+        z = f(z)
         res = _res(f, z)
         k = 0
         while res > tol and k < plain_fallback:

@@ -125,6 +125,7 @@ class ImplicitFixedPoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, z_star: _Solved, problem: FixedPointProblem,
                 *tensors: torch.Tensor) -> torch.Tensor:
+        """The solver's equilibrium as the output, saved for the backward."""
         # the solver's iterate is not an input of this function (it comes boxed), so it can be
         # the output itself, without a copy; a view (a reshaped state) is copied, as an output
         # that is a view of another tensor would refuse later in-place operations
@@ -134,6 +135,7 @@ class ImplicitFixedPoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, v: torch.Tensor) -> Any:
+        """``(∂T/∂θ)ᵀ (I − Jᵀ)⁻¹ v`` for each tensor that needs a gradient."""
         z, *tensors = ctx.saved_tensors
         problem: FixedPointProblem = ctx.problem
         needs = list(ctx.needs_input_grad[2:])
@@ -174,12 +176,14 @@ class PlannedFixedPoint(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, box: _Express, *held: torch.Tensor) -> torch.Tensor:
+        """The solver's equilibrium as the output, saved with the plan's held tensors."""
         z = box.z
         box.z = None  # (the output is saved; the box must not hold it: a cycle)
         return _output(ctx, z, box.problem, held)
 
     @staticmethod
     def backward(ctx: Any, v: torch.Tensor) -> Any:
+        """The implicit gradient with respect to the plan's held tensors, in closed form."""
         z, *held = ctx.saved_tensors
         problem: FixedPointProblem = ctx.problem
         needs = ctx.needs_input_grad[1:]

@@ -36,6 +36,7 @@ class AdjointSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, v: torch.Tensor, z: torch.Tensor, problem: FixedPointProblem,
                 *tensors: torch.Tensor) -> torch.Tensor:
+        """``g = (I − J(z, θ)ᵀ)⁻¹ v``."""
         with torch.enable_grad():
             zz, _, fz = problem.with_grad(z, tensors, [False] * len(tensors))
 
@@ -52,6 +53,7 @@ class AdjointSolve(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, u: torch.Tensor) -> Any:
+        """``h = (I − J)⁻¹ u`` and the derivatives in ``(z, θ)`` of ``⟨J h, g⟩``."""
         z, g, *tensors = ctx.saved_tensors
         deps = [t for t in (u, z, g, *tensors) if t.requires_grad]
         if torch.is_grad_enabled() and deps:  # a third-order graph is being recorded
@@ -95,10 +97,12 @@ class ThirdOrderRefused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, out: torch.Tensor, *deps: torch.Tensor) -> torch.Tensor:
+        """``out`` itself (an identity connected to ``deps``)."""
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
+        """A typed refusal of the third derivative."""
         raise OptionError(
             "third- and higher-order gradients through backward='implicit' are not supported: "
             "its second-order (tangent) solve is differentiable once", term="backward",

@@ -8,18 +8,15 @@ latest within ``tol``) and the exact residual of that returned iterate, so a ``c
 always describes the returned point.
 """
 
-from .anderson import anderson
-from .auto import auto
-from .broyden import broyden
+from . import anderson, auto, broyden, plain
 from .compiled import CompiledSteps
-from .plain import plain
 from .registry import SOLVERS, get_solver, register_solver, registered, solve
 from .residuals import accumulation_dtype, exact_rel_residual, rel_residual
 from .stats import SolverStats, empty_stats
 from .tracker import Tracker
 
-for _name, _iterate in (("plain", plain), ("anderson", anderson), ("auto", auto),
-                        ("broyden", broyden)):
+for _name, _iterate in (("plain", plain.plain), ("anderson", anderson.anderson),
+                        ("auto", auto.auto), ("broyden", broyden.broyden)):
     register_solver(_name)(_iterate)
 
 __all__ = [

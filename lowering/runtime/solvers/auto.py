@@ -9,7 +9,7 @@ import torch
 
 from convex_eq.errors import OptionError
 
-from .anderson import iterate as anderson_iterate
+from .anderson import iterate as anderson_iterate  # (the module, not the registered name)
 from .compiled import compiled_name, plain_phase
 from .tracker import F, Tracker
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -24,10 +24,6 @@ from .residuals import (
     scaled_rel_residual,
 )
 from .stats import SolverStats, meets
-
-if TYPE_CHECKING:
-    from .compiled import CompiledSteps
-    from .replay import Replay
 
 F = Callable[[torch.Tensor], torch.Tensor]
 _INF = math.inf
@@ -49,6 +45,13 @@ class Watch(Protocol):
     def __call__(self, k: int) -> bool: ...
 
 
+class Capture(Protocol):
+    """A replay's collector (:class:`~lowering.runtime.solvers.replay.Replay`): keeps the rows
+    of iteration ``k``; True once the last one wanted is in."""
+
+    def capture(self, k: int, z: torch.Tensor, fz: torch.Tensor) -> bool: ...
+
+
 class Tracker:
     """Solver state: residual history, the latest iterate, non-finite samples.
 
@@ -67,14 +70,15 @@ class Tracker:
     say so, so a ``converged`` flag never rests on an unchecked plain norm."""
 
     def __init__(self, name: str, z0: torch.Tensor, tol: float, *,
-                 replay: Replay | None = None, compiled: CompiledSteps | None = None):
+                 replay: Capture | None = None, compiled: Any = None):
         self.name, self.tol = name, tol
         self._best = z0  # read through `best` (a copy while it is still z0)
         self._z0 = z0
         #: a second run of an unconverged solve collecting each sample's best iterate
         #: (:func:`~lowering.runtime.solvers.replay.best_per_sample`), or None
         self.replay = replay
-        #: compiled chunks of plain iterations (inside ``torch.compile``), or None: eager
+        #: compiled chunks of plain iterations (a ``compiled.CompiledSteps``, inside
+        #: ``torch.compile``), or None: eager
         self.compiled = compiled
         self._done = False  # the last record was confirmed: every sample meets tol
         self.best_fz: torch.Tensor | None = None  # f(best); replaced, never written into

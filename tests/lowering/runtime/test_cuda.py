@@ -34,7 +34,7 @@ def test_opteq_on_cuda_matches_a_numpy_fixed_point_and_its_gradient() -> None:
     d = lowering.lower(models.opteq(n=24, m=24, d=6, seed=1))
     m = d.torch_module(dtype=F64, tol=1e-12, max_iter=500, backward_tol=1e-12).cuda()
     x = torch.randn(8, 6, dtype=F64, generator=torch.Generator().manual_seed(0))
-    z = m(x.cuda()).cpu().numpy()
+    z = m(x.cuda()).detach().cpu().numpy()
     env = {k: v.detach().cpu().numpy() for k, v in m.env().items()}
     q = x.numpy() @ env["U"].T + env["b"]
     M = env["W"].T @ env["W"]
