@@ -98,6 +98,12 @@ def certified_norm(op: Any, env: Env | None) -> float:
     return float(ub)
 
 
+def certified_norms() -> Any:
+    """A context in which every estimated operator norm (:meth:`LinOp.norm`) is
+    :func:`certified_norm`, memoised per operator: use it for one ``env``."""
+    return norm_policy(_policy())
+
+
 def _policy() -> Callable[[Any, Any], float]:
     """:func:`certified_norm`, memoised per operator (one evaluation at one ``env``)."""
     seen: dict[int, tuple[Any, float]] = {}
@@ -351,7 +357,7 @@ SOLUTION_INPUT_RULES: dict[str, Callable[[Any, Env | None], Factor]] = {
 # ----------------------------------------------------------------------------- constants
 def certify(derived: Any, env: Env | None) -> Certified:
     """Every constant of the bounds at ``env``, with certified norms; refusals as reasons."""
-    with norm_policy(_policy()), torch.no_grad():
+    with certified_norms(), torch.no_grad():
         try:
             lc = contraction(derived, env).value
         except CertificateError:
@@ -487,5 +493,6 @@ def _residual_at(module: Any, x: Any, z: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["CERT_DENSE_ENTRIES", "CONTRACTION_RULES", "ERROR_RULES", "SOLUTION_INPUT_RULES",
-           "T_INPUT_RULES", "Certified", "Factor", "certified_norm", "certify", "error_bound",
+           "T_INPUT_RULES", "Certified", "Factor", "certified_norm", "certified_norms", "certify",
+           "error_bound",
            "error_factor", "grad_input_lipschitz", "lipschitz_bound", "module_constants"]

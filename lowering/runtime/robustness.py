@@ -26,9 +26,8 @@ import torch
 from torch import nn
 
 from convex_eq.errors import CertificateError
-from convex_eq.operators.base import norm_policy
 
-from .bounds import _policy, certify, contraction, module_constants
+from .bounds import certified_norms, certify, contraction, module_constants
 from .weight_control import controlled_conditions, layer_terms
 
 
@@ -161,7 +160,7 @@ def injection_weights(derived: Any) -> list[tuple[Any, str]]:
 
 def _norms(env: dict[str, torch.Tensor], ops: list[tuple[Any, str]]) -> dict[str, float]:
     """Certified ``||op||₂`` of each weight's operator at ``env``."""
-    with norm_policy(_policy()), torch.no_grad():
+    with certified_norms(), torch.no_grad():
         return {name: op.norm(env) for op, name in ops}
 
 
@@ -244,7 +243,7 @@ def _contraction_fraction(derived: Any, env: dict, now: dict[str, float],
 
     def lip(t: float) -> float:
         e = _scaled(env, now, lambda n: t * bound[n])
-        with norm_policy(_policy()), torch.no_grad():
+        with certified_norms(), torch.no_grad():
             return contraction(derived, e).value
 
     lo, hi = 0.0, 1.0
