@@ -87,6 +87,7 @@ class Affine:
         return out
 
     def states(self) -> list[Symbol]:
+        """The state symbols the expression reads, in order of appearance."""
         return self.symbols("state")
 
     def part(self, kinds: tuple[str, ...]) -> Affine | None:
@@ -96,10 +97,12 @@ class Affine:
 
     @property
     def state_part(self) -> Affine | None:
+        """The entries on states (``Wz`` of ``Wz + Ux + b``), or None."""
         return self.part(("state",))
 
     @property
     def offset_part(self) -> Affine | None:
+        """The state-free entries (the injection ``Ux + b`` of ``Wz + Ux + b``), or None."""
         return self.part(("input", "weight", "constant"))
 
     def is_state(self, state: Symbol) -> bool:
@@ -195,6 +198,7 @@ class Affine:
         return (-1.0) * self
 
     def latex(self) -> str:
+        """The expression as LaTeX."""
         s = " + ".join(e.latex() for e in self.entries)
         return s.replace("+ -", "- ")
 

@@ -33,12 +33,22 @@ class TermSum(Protocol):
 class Certificate:
     """Result of ``objective.certificate(...)``: the claim and whether it holds at these weights."""
 
+    #: ``"convex"`` (unconditionally), ``"conditional"`` (convex under ``conditions``) or
+    #: ``"nonconvex"``
     kind: str  # "convex" | "conditional" | "nonconvex"
+    #: the conditions on the weights under which the objective is convex (e.g. ``||W||₂ ≤ 1``)
     conditions: list[Condition] = field(default_factory=list)
+    #: each condition's left-hand side at the evaluated weights, in the order of ``conditions``
     values: list[float] = field(default_factory=list)
+    #: True if every condition holds at the evaluated weights
     holds: bool = True
+    #: the terms that make the objective nonconvex (``kind == "nonconvex"``)
     nonconvex_terms: list[str] = field(default_factory=list)
+    #: why the objective is not certified convex (``kind == "nonconvex"``)
     reason: str = ""
+    #: definitions of parameters that terms recompute from the state (the layer is then an
+    #: iteration whose fixed points are not stationary points of this objective)
+    iteration_parameters: list[str] = field(default_factory=list)
 
     @property
     def convex(self) -> bool:
@@ -47,6 +57,7 @@ class Certificate:
 
     @property
     def text(self) -> str:
+        """One line: ``convex``, ``convex if ||W||₂ ≤ 1 (now 0.9)`` or ``not convex: <why>``."""
         if self.kind == "convex":
             return "convex"
         if self.kind == "conditional":
@@ -56,6 +67,12 @@ class Certificate:
         return f"not convex: {self.reason}"
 
     def long_text(self) -> str:
+        """``text`` with what it means for the equilibria (stationary points only when not
+        convex; a violated condition certifies nothing)."""
+        if self.kind == "nonconvex" and self.iteration_parameters:
+            return (f"{self.text} — recomputed from the state in every iteration: "
+                    f"{'; '.join(self.iteration_parameters)}; the layer's fixed points are fixed "
+                    "points of that iteration, not stationary points of this objective")
         if self.kind == "nonconvex":
             return f"{self.text} — equilibria are stationary points, not certified minimizers"
         if self.kind == "conditional" and not self.holds:
@@ -230,7 +247,9 @@ def certify(obj: TermSum, env: Env | None = None) -> Certificate:
     if cur.kind != "convex":
         names = [str(t) for t in obj.terms if not t.quad_parts(None)
                  and t.curvature().kind not in ("convex", "affine")]
-        return Certificate("nonconvex", holds=False, nonconvex_terms=names, reason=cur.reason)
+        iters = [text for t in obj.terms for text, _ in t.state_parameters()]
+        return Certificate("nonconvex", holds=False, nonconvex_terms=names, reason=cur.reason,
+                           iteration_parameters=iters)
     if not cur.conditions:
         return Certificate("convex")
     vals = [c.value(env) for c in cur.conditions]

@@ -21,9 +21,13 @@ from .terms.quadratic import SqNorm
 class DeepComposition:
     """``f_L ∘ … ∘ f_1`` with ``f_l = α prox_{φ_l} + (1-α) id`` (one φ per layer/block)."""
 
+    #: the hidden objectives ``φ_1, …, φ_L`` of the layers, each with its own output state
     layers: list[Objective]
+    #: the skip weight ``α ∈ (0, 1]``: a number, or a :class:`Scalar` (possibly learnable)
     alpha: float | Scalar = 1.0
+    #: the name printed in derivations
     name: str = "deep"
+    #: where the composition's theory is stated
     reference: str = field(default="TPAMI OptEq §5 (Lemma 3, Theorem 2, Corollary 1)")
 
     def __post_init__(self) -> None:
@@ -57,6 +61,7 @@ class DeepComposition:
 
     @property
     def L(self) -> int:
+        """The number of layers."""
         return len(self.layers)
 
     @property
@@ -95,6 +100,7 @@ class DeepComposition:
         return Objective([*terms, SqNorm(z1 - z0)], name=f"{self.name}-cor1")
 
     def latex(self) -> str:
+        """``T = f_L ∘ … ∘ f_1, f_l = α prox_{φ_l} + (1 − α) I`` as LaTeX."""
         fs = " \\circ ".join(f"f_{{{i}}}" for i in range(self.L, 0, -1))
         return f"T = {fs},\\quad f_l = \\alpha\\,\\mathrm{{prox}}_{{\\varphi_l}} + (1-\\alpha) I"
 

@@ -10,7 +10,9 @@ from typing import Any
 
 
 class ConvexEqError(Exception):
-    """Base class: ``<term>: <what went wrong>. Hint: <what to do>``."""
+    """Base class of every error convex-eq raises.
+
+    Its message reads ``<term>: <what went wrong>. Hint: <what to do>``."""
 
     def __init__(self, message: str, *, term: str | None = None, hint: str | None = None):
         self.term = term

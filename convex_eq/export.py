@@ -23,14 +23,23 @@ from .symbols import Env, Symbol, as_tensor
 class ExportedProblem:
     """A CVXPY problem plus the map back from its variables to the state blocks."""
 
+    #: the CVXPY problem (minimize the exported objective subject to its domains)
     problem: cp.Problem
+    #: the free vector ``f`` of the problem: the state blocks and any auxiliary variables
     variable: cp.Variable
+    #: per state block, the matrix mapping ``f`` to the block's flattened value
     state_maps: dict[str, np.ndarray]
+    #: per state block, its declared shape
     state_shapes: dict[str, tuple[int, ...]]
+    #: the constant dropped from the CVXPY objective (added back by ``value``)
     constant: float
+    #: inputs exported as CVXPY parameters (by name), to re-solve at other inputs
     parameters: dict[str, cp.Parameter] = field(default_factory=dict)
+    #: the smallest eigenvalue of the collected quadratic form ``½fᵀQf`` (≥ 0 up to rounding)
     quadratic_eigmin: float = 0.0
+    #: what the export had to do (auxiliary variables, liftings), in words
     notes: list[str] = field(default_factory=list)
+    #: where each block (state or auxiliary) lies in ``f``
     blocks: dict[str, slice] = field(default_factory=dict)
 
     def objective_at(self, f: np.ndarray) -> float:

@@ -64,29 +64,36 @@ class Objective:
 
     @property
     def symbols(self) -> list[Symbol]:
+        """Every symbol the terms read, in order of appearance."""
         return self._collect(None)
 
     @property
     def states(self) -> list[Symbol]:
+        """The state blocks (what the layer solves for), in order of appearance."""
         return [s for s in self._collect("state")]
 
     @property
     def inputs(self) -> list[Symbol]:
+        """The layer's inputs, in order of appearance."""
         return self._collect("input")
 
     @property
     def weights(self) -> list[Symbol]:
+        """The trainable weights, in order of appearance."""
         return self._collect("weight")
 
     @property
     def constants(self) -> list[Symbol]:
+        """The fixed tensors, in order of appearance."""
         return self._collect("constant")
 
     @property
     def scalars(self) -> list[Symbol]:
+        """The named scalar coefficients, in order of appearance."""
         return self._collect("scalar")
 
     def symbol(self, name: str) -> Symbol:
+        """The symbol called ``name`` (a ``ShapeError`` when there is none)."""
         for s in self.symbols:
             if s.name == name:
                 return s
@@ -162,6 +169,8 @@ class Objective:
 
     def grad_tensor(self, values: Mapping[str, torch.Tensor], env: Env | None = None
                     ) -> dict[str, torch.Tensor]:
+        """``∇G`` of the smooth terms at ``values`` (state and input tensors by name), per
+        state block: the sum of each term's gradient."""
         out: dict[str, torch.Tensor] = {}
         for t in self.terms:
             for k, g in t.grad(values, env).items():
@@ -201,6 +210,8 @@ class Objective:
 
     # ------------------------------------------------------------------ analysis
     def certificate_structure(self) -> Curvature:
+        """The structural convexity analysis: the conditions on the weights under which the
+        objective is convex, before they are evaluated (:meth:`certificate` evaluates them)."""
         return analyze(self)
 
     def certificate(self, **weights: Any) -> Certificate:

@@ -37,6 +37,7 @@ def as_tensor(value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
 class Symbol:
     """A named leaf of an objective; ``kind`` is one of state/input/weight/constant/scalar."""
 
+    #: the symbol's role: ``"state"``, ``"input"``, ``"weight"``, ``"constant"`` or ``"scalar"``
     kind: str = "symbol"
 
     def __init__(self, name: str, shape: tuple[int, ...] | int = (), value: Any = None):
@@ -114,6 +115,7 @@ class Symbol:
         return self.value
 
     def latex(self) -> str:
+        """The symbol's name as LaTeX (Greek names as letters, ``W_h`` with a subscript)."""
         return _latex_name(self.name)
 
     def text(self) -> str:

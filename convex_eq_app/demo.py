@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import multiprocessing
 import queue
 import time
@@ -29,13 +28,14 @@ from torch import nn
 import lowering
 from convex_eq import models
 from convex_eq.terms import L1, moreau
-from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
+from lowering.runtime.classifier import EquilibriumClassifier
 
+from .configs import DEMO_WEIGHT_BOUNDS, DemoConfig
 from .data import Dataset, mnist1d
+from .progress import cpu_state
 from .table import mlp_with
 from .training import (
     Result,
-    TrainConfig,
     effective_weights,
     fit,
     n_params,
@@ -53,51 +53,6 @@ DTYPE = torch.float32
 DTYPE_NAME = str(DTYPE).removeprefix("torch.")
 #: training order (longest first, so that two workers finish close together)
 TRAIN_ORDER = ("OptEq + ℓ1", "OptEq Moreau skip", "OptEq", "GEQ (Gaussian kernel)", MLP)
-
-
-@dataclass
-class DemoConfig:
-    """Sizes and budgets (``quick`` shrinks them for the < 1 minute smoke run)."""
-
-    channels: int = 12
-    kernel: int = 5
-    epochs: int = 8
-    batch: int = 64
-    lr: float = 1e-2
-    tol: float = 1e-4
-    max_iter: int = 40
-    l1: float = 0.01
-    alpha: float = 0.5
-    gamma: float = 0.05
-    verify_inputs: int = 1
-    pool: str = "max"
-    pooled: int = 8
-    quick: bool = False
-    seed: int = 0
-    #: processes training the models in parallel (each single-threaded); 1 = in this process
-    workers: int = 2
-    #: ``cpu``, ``cuda`` or ``auto`` (CUDA when present)
-    device: str = "cpu"
-    #: training samples used (0 = all 4000; the quick run uses a subset)
-    train_subset: int = 0
-
-    @classmethod
-    def quick_config(cls) -> DemoConfig:
-        return cls(channels=4, kernel=3, epochs=1, verify_inputs=1, quick=True,
-                   train_subset=512)
-
-    def settings(self, name: str) -> TrainingSettings:
-        """The module options model ``name`` trains under: Anderson forward, the adjoint by
-        the module's ``auto`` choice (conjugate gradients where the adjoint system is
-        symmetric, as the conv OptEq's: 6 % less time per training step than an Anderson
-        adjoint at the start of training, 11 % less after 250 steps, where the layer is
-        stiffer; docs/theory.md §8)."""
-        return TrainingSettings(tol=self.tol, max_iter=self.max_iter, backward_solver="auto",
-                                weight_bounds=WEIGHT_BOUNDS.get(name))
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(epochs=self.epochs, batch=self.batch, lr=self.lr, seed=self.seed,
-                           device=self.device)
 
 
 # ----------------------------------------------------------------------------- data
@@ -129,7 +84,7 @@ INPUT_SHAPES = {"GEQ (Gaussian kernel)": ROW}
 
 
 #: weights kept at spectral norm ≤ bound during training (convexity / contraction certificates)
-WEIGHT_BOUNDS = {"GEQ (Gaussian kernel)": {"W": 1.0, "W_h": 1.0}}
+WEIGHT_BOUNDS = DEMO_WEIGHT_BOUNDS
 
 
 def derivation_diff(base: Any, other: Any) -> str:
@@ -158,7 +113,8 @@ def _init_worker(q: Any) -> None:
 
 def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = False) -> dict:
     """Train model ``name`` on MNIST-1D, verify its equilibrium layer on test inputs; returns the
-    ``Result``, the layer's effective weights and its test features (picklable, on the CPU)."""
+    ``Result``, the layer's effective weights, its test features and the trained model's
+    ``state_dict`` (picklable, on the CPU)."""
     torch.set_num_threads(1)
     data = load_data(cfg)
     torch.manual_seed(cfg.seed)
@@ -176,6 +132,7 @@ def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = Fals
             with torch.no_grad():
                 out["features"] = model.features(data.x_test.cpu()).numpy().ravel()
         out["eq_weights"] = effective_weights(model.eq)
+    out["state_dict"] = cpu_state(model)
     return out
 
 
@@ -311,9 +268,10 @@ def write_plots(out: Path, results: list[Result], traces: dict[str, ResidualTrac
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    few = max((len(tr.returned) for tr in traces.values()), default=0) <= 15
     for s, tr in traces.items():
         k = np.arange(1, len(tr.returned) + 1)
-        style = {"marker": "o", "ms": 3} if len(k) <= 15 else {}
+        style = {"marker": "o", "ms": 3} if few else {}  # the same style for every solver
         (line,) = ax.semilogy(k, tr.returned, label=f"{s} (returned iterate)", **style)
         if np.any(tr.last > 1.5 * tr.returned):  # visibly above: the iterates went back up
             ax.semilogy(k, tr.last, ls=":", lw=1, color=line.get_color(),
@@ -329,63 +287,121 @@ def write_plots(out: Path, results: list[Result], traces: dict[str, ResidualTrac
     files.append("residuals.png")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    nonzero = [np.log10(np.abs(v[v != 0])) for v in sparsity.values()]
-    lo = min((float(n.min()) for n in nonzero if n.size), default=-1.0)
-    hi = max((float(n.max()) for n in nonzero if n.size), default=1.0)
-    bins = np.linspace(np.floor(lo), np.ceil(hi) + 1e-9, 41)
-    step = bins[1] - bins[0]
-    zero_x = bins[0] - 5 * step  # the exact zeros: a labelled bar left of the log axis
-    for i, ((name, v), nz) in enumerate(zip(sparsity.items(), nonzero)):
-        (_, _, patches) = ax.hist(nz, bins=bins, alpha=0.6, label=name)
-        color = patches[0].get_facecolor() if patches else None
-        zeros = int((v == 0).sum())
-        ax.bar(zero_x + (i - 0.5) * step, zeros, width=step, color=color, alpha=0.9)
-        ax.annotate(f"{100 * zeros / max(1, v.size):.0f}%", (zero_x + (i - 0.5) * step, zeros),
-                    ha="center", va="bottom", fontsize=7)
-    ticks = [t for t in ax.get_xticks() if bins[0] - 1e-9 <= t <= bins[-1]]
-    ax.set_xticks([zero_x, *ticks], ["0\n(exact)", *(f"{t:g}" for t in ticks)])
-    ax.axvline(bins[0] - 2.5 * step, color="0.6", lw=0.8, ls=":")
-    ax.set(xlabel="log10 |z*| of the nonzero entries; left: exactly zero (test features)",
-           ylabel="entries")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig = sparsity_figure(sparsity)
     fig.savefig(out / "sparsity.png", dpi=120)
     files.append("sparsity.png")
     plt.close(fig)
     return files
 
 
+def sparsity_figure(sparsity: dict[str, np.ndarray]) -> Any:
+    """Two panels on honest axes: the share of exactly-zero entries per model (linear, %) and
+    the distribution of ``log10 |z*|`` over the nonzero entries only (a zero has no logarithm,
+    so it is never drawn on that axis)."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.8),
+                                   gridspec_kw={"width_ratios": [1, 2.2]})
+    names = list(sparsity)
+    colors = [f"C{i}" for i in range(len(names))]
+    zeros = [100.0 * float((v == 0).mean()) if v.size else 0.0 for v in sparsity.values()]
+    bars = ax0.bar(range(len(names)), zeros, color=colors, alpha=0.8)
+    for rect, z in zip(bars, zeros):
+        ax0.annotate(f"{z:.0f} %", (rect.get_x() + rect.get_width() / 2, z), ha="center",
+                     va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax0.set_xticks(range(len(names)), names, fontsize=8)
+    ax0.set_ylim(0, 105)
+    ax0.set_ylabel("entries exactly 0 (%)")
+    ax0.set_title("exact zeros", fontsize=10)
+    nonzero = [np.log10(np.abs(v[v != 0])) for v in sparsity.values()]
+    lo = min((float(n.min()) for n in nonzero if n.size), default=-1.0)
+    hi = max((float(n.max()) for n in nonzero if n.size), default=1.0)
+    bins = np.linspace(np.floor(lo), np.ceil(hi) + 1e-9, 41)
+    for name, nz, color in zip(names, nonzero, colors):
+        ax1.hist(nz, bins=bins, histtype="step", lw=1.6, color=color,
+                 label=f"{name} ({nz.size} nonzero entries)")
+    ax1.set_xlabel("log10 |z*| of the nonzero entries")
+    ax1.set_ylabel("entries")
+    ax1.set_title("magnitude of the nonzero entries", fontsize=10)
+    ax1.legend(fontsize=8)
+    fig.suptitle("features z* of the trained layers on the test signals", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+#: what each column of the demo's table means (printed under it in the report)
+COLUMNS = {
+    "model": "the derived equilibrium layer (max-pooled, linear head) or the MLP baseline with "
+             "about the OptEq classifier's parameter count",
+    "test acc.": "share of the test signals classified correctly after the last epoch",
+    "params": "trainable parameters of the whole classifier",
+    "mean fwd iters": "forward-solver iterations per test signal at the end of training, mean "
+                      "over the first 1000 test signals",
+    "final rel. residual": "largest relative residual ||T(z) − z|| / ||T(z)|| of the returned "
+                           "states over those signals (the solver's tolerance is "
+                           "{tol:g})",
+    "verification": "worst relative state error ||z − z_ref|| / max(||z_ref||, 0.01) of the "
+                    "trained layer against the reference docs/theory.md §9 prescribes, on "
+                    "{k} test input(s) (where a reference gives no state: the fixed-point "
+                    "residual ||z − T(z)|| / max(1, ||z||)); in parentheses the reference "
+                    "(cvxpy: a conic solve; local: multi-start local minimization), the claim "
+                    "it confirmed and the verdict",
+    "train time (s)": "wall time of the model's training loop in its worker process (all "
+                      "epochs, with the per-epoch test evaluation)",
+}
+
+
 def table(results: list[Result]) -> str:
-    head = ("| model | test acc. | params | mean fwd iters | final rel. residual | "
-            "verification gap (test inputs) | train time (s) |\n|---|---|---|---|---|---|---|")
-    rows = [f"| {r.name} | {100 * r.accuracy:.2f} % | {r.params} | "
-            f"{r.mean_iterations:.1f} | {r.final_residual:.1e} | {r.verification} | "
-            f"{r.train_time:.1f} |" for r in results]
-    return "\n".join([head, *rows]).replace("| nan |", "| — |").replace("nan", "—")
+    """The Markdown table of the trained models (columns: :data:`COLUMNS`)."""
+    from .results import demo_table
+
+    return demo_table([r.__dict__ for r in results])
+
+
+def column_definitions(cfg: DemoConfig) -> dict[str, str]:
+    """:data:`COLUMNS` with this run's tolerance and number of verified inputs."""
+    return {k: v.format(tol=cfg.tol, k=cfg.verify_inputs) for k, v in COLUMNS.items()}
 
 
 # ----------------------------------------------------------------------------- main
+SMOKE = ("SMOKE RUN (--quick): tiny models, one epoch on 512 signals. It checks that every "
+         "step runs; its accuracies are not results.")
+
+
 def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool = True,
-        workers: int | None = None, device: str = "cpu") -> dict:
-    """Run the whole demo; returns the results (also written to ``out``).  ``workers``:
-    training processes (default ``DemoConfig.workers`` = 2; 1 trains in this process);
-    ``device``: where the models train (``cpu``, ``cuda``, ``auto``)."""
+        workers: int | None = None, device: str = "cpu", seed: int | None = None,
+        epochs: int | None = None, argv: list[str] | None = None) -> dict:
+    """Run the whole demo; returns the results (also written to ``out``: ``report.md``,
+    ``results.json``, three plots and ``checkpoints/<model>.pt``).  ``workers``: training
+    processes (default ``DemoConfig.workers`` = 2; 1 trains in this process); ``device``: where
+    the models train (``cpu``, ``cuda``, ``auto``); ``seed``/``epochs`` override the
+    configuration's; ``argv``: the command line recorded in the report (default: this
+    process's)."""
+    from .errors import output_dir
+    from .progress import save_checkpoint
+    from .provenance import collect
+
     # the layers are small: one thread avoids OpenMP hand-off/spin costs that dominate tiny
     # convolutions (and make them 100x slower when the machine is busy)
     torch.set_num_threads(1)
     cfg = DemoConfig.quick_config() if quick else DemoConfig()
     if workers is not None:
         cfg.workers = int(workers)
+    if seed is not None:
+        cfg.seed = int(seed)
+    if epochs is not None:
+        cfg.epochs = int(epochs)
     cfg.device = str(resolve_device(device))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out)
+    prov = collect(argv, cfg.device)
     t_start = time.perf_counter()
     objs = objectives(cfg)
     derived = {name: lowering.lower(o) for name, o in objs.items()}
     base = derived["OptEq"]
     trainer = Trainer(cfg, n_params(classifier("OptEq", base, cfg)), progress)
     trainer.start()  # workers train while this process prints and verifies
+    if quick:
+        print(SMOKE)
     print("=" * 78)
     print("1. OptEq hidden objective (conv W, Theorem 1) and its derived layer")
     print("=" * 78)
@@ -412,21 +428,31 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
           f"then verified on {cfg.verify_inputs} test input(s))")
     jobs = trainer.collect()
     results = [jobs[n]["result"] for n in (*derived, MLP)]
+    checkpoints = {n: save_checkpoint(jobs[n]["state_dict"], out, n) for n in (*derived, MLP)}
     _phase("training + verification of the trained layers", t_start)
     print()
+    if quick:
+        print(SMOKE)
     print(table(results))
     print(nonconvergence_note(results, cfg))
     traces = residual_traces(base, jobs["OptEq"]["eq_weights"], xte[:64])
     sparsity = {n: jobs[n]["features"] for n in ("OptEq", "OptEq + ℓ1")}
     plots = write_plots(out, results, traces, sparsity)
     total = time.perf_counter() - t_start
-    report = _report(cfg, derived, results, plots, traces, sparsity, total)
-    (out / "report.md").write_text(report)
+    report = _report(cfg, derived, results, plots, traces, sparsity, total, prov, checkpoints,
+                     data)
+    (out / "report.md").write_text(report, encoding="utf-8")
     (out / "results.json").write_text(json.dumps(
-        {"config": cfg.__dict__, "total_seconds": total,
-         "results": [r.__dict__ for r in results]}, indent=2, default=float))
-    print(f"\nwrote {out / 'report.md'} (+ {', '.join(plots)}, results.json) in {total:.0f} s")
-    return {"results": results, "total_seconds": total, "out": str(out)}
+        {"kind": "demo", "provenance": prov, "config": cfg.__dict__, "total_seconds": total,
+         "setup": setup_text(cfg, data) + f" Total time {total:.0f} s.",
+         "data": {"name": "MNIST-1D", "train": len(data.y_train), "test": len(data.y_test)},
+         "columns": column_definitions(cfg),
+         "results": [{**r.__dict__, "checkpoint": checkpoints[r.name]} for r in results]},
+        indent=2, default=float), encoding="utf-8")
+    print(f"\nwrote {out / 'report.md'} (+ {', '.join(plots)}, results.json, "
+          f"{len(checkpoints)} checkpoints in {out / 'checkpoints'}) in {total:.0f} s")
+    return {"results": results, "total_seconds": total, "out": str(out),
+            "checkpoints": checkpoints}
 
 
 def nonconvergence_note(results: list[Result], cfg: DemoConfig) -> str:
@@ -434,9 +460,9 @@ def nonconvergence_note(results: list[Result], cfg: DemoConfig) -> str:
     parts = [f"{r.name}: {f} forward / {b} adjoint" for r in results
              for f, b in [r.nonconvergence] if f or b]
     if not parts:
-        return "every forward and adjoint solve during training reached its tolerance"
-    return (f"training steps whose solve stopped at the iteration cap before tol {cfg.tol:g} "
-            f"(the step still used the last iterate): {'; '.join(parts)}")
+        return "Every forward and adjoint solve during training reached its tolerance."
+    return (f"Training steps whose solve stopped at the iteration cap before tol {cfg.tol:g} "
+            f"(the step still used the last iterate): {'; '.join(parts)}.")
 
 
 def _phase(name: str, t0: float) -> None:
@@ -453,33 +479,65 @@ def _zero_fraction(v: np.ndarray) -> float:
     return float((np.abs(v) < 1e-6 * max(1e-12, float(np.abs(v).max()))).mean())
 
 
+def setup_text(cfg: DemoConfig, data: Dataset | None) -> str:
+    """The run's setup in one paragraph (what a reader needs to repeat it)."""
+    sizes = (f"{len(data.y_train)} train / {len(data.y_test)} test signals" if data is not None
+             else "MNIST-1D")
+    return (f"MNIST-1D generated locally by the `mnist1d` package ({sizes} of length 40). "
+            f"Every equilibrium model is a convolutional layer of {cfg.channels} channels, "
+            f"kernel {cfg.kernel}, max-pooled to {cfg.pooled} positions and read by a linear "
+            f"head; ℓ1 weight {cfg.l1:g}, Moreau skip α = {cfg.alpha:g}, Gaussian kernel "
+            f"γ = {cfg.gamma:g}. Training: {cfg.epochs} epoch(s) of Adam, learning rate "
+            f"{cfg.lr:g} with a cosine schedule, batch {cfg.batch}, seed {cfg.seed}, on "
+            f"{cfg.device}, {max(1, cfg.workers)} worker process(es) of one torch thread. "
+            f"Equilibrium solves: Anderson forward, tolerance {cfg.tol:g}, at most "
+            f"{cfg.max_iter} iterations.")
+
+
 def _report(cfg: DemoConfig, derived: dict, results: list[Result], plots: list[str],
-            traces: dict[str, ResidualTrace], sparsity: dict[str, np.ndarray], total: float
-            ) -> str:
+            traces: dict[str, ResidualTrace], sparsity: dict[str, np.ndarray], total: float,
+            prov: dict[str, Any] | None = None, checkpoints: dict[str, str] | None = None,
+            data: Dataset | None = None) -> str:
+    from .provenance import column_lines, header_lines
+
     lines = ["# convex-eq demo report", "",
-             f"Configuration: {json.dumps(cfg.__dict__)}; total time {total:.0f} s.", "",
+             *header_lines(prov or {}, smoke=cfg.quick),
+             setup_text(cfg, data) + f" Total time {total:.0f} s.", "",
              "## Derived layers", ""]
     for name, d in derived.items():
         lines += [f"### {name}", "", "```", d.describe(), "```", ""]
     lines += ["## Training on MNIST-1D", "", table(results), "",
+              *column_lines(column_definitions(cfg)),
               nonconvergence_note(results, cfg), "",
               "![training curves](training_curves.png)", "",
               "Per-epoch solver statistics (forward / adjoint iterations, steps at the "
-              "iteration cap) are in results.json (`history`).", "",
-              "## Solvers on the trained OptEq layer", "",
+              "iteration cap) are in results.json (`history`)."]
+    if checkpoints:
+        lines += ["", "Trained weights (`state_dict`, load with "
+                  "`model.load_state_dict(torch.load(path))` into the model built with the same "
+                  "configuration): " + ", ".join(f"`{p}`" for p in checkpoints.values()) + "."]
+    lines += ["", "## Solvers on the trained OptEq layer", "",
               f"{DTYPE_NAME}, tol {TRACE_TOL:g}, at most "
-              f"{TRACE_MAX_ITER} iterations; the residual is that of the iterate the module "
-              "returns (each solver returns its best iterate).", "",
+              f"{TRACE_MAX_ITER} iterations, the first {next(iter(traces.values())).batch} test "
+              "signals.", "",
               "| solver | mean iterations | converged | mean residual of the returned state |",
               "|---|---|---|---|"]
     for s, tr in traces.items():
         lines.append(f"| {s} | {tr.iterations:.1f} | {100 * tr.converged:.0f} % | "
                      f"{tr.returned[-1]:.2e} |")
-    lines += ["", "![residuals](residuals.png)", "", "## Feature sparsity", ""]
+    lines += ["", *column_lines({
+        "solver": "the forward fixed-point solver run on the trained layer's weights",
+        "mean iterations": "iterations until the tolerance or the cap, mean over the signals",
+        "converged": "share of the signals whose returned state meets the tolerance",
+        "mean residual of the returned state": "relative residual ||T(z) − z|| / ||T(z)|| of "
+        "the state the module returns (each solver returns its best iterate), mean over the "
+        "signals"}),
+        "![residuals](residuals.png)", "", "## Feature sparsity", ""]
     for n, v in sparsity.items():
         lines.append(f"- {n}: exactly zero {float((v == 0).mean()):.3f}, "
                      f"|z*| < 1e-6·max {_zero_fraction(v):.3f}, "
                      f"median |z*| = {float(np.median(np.abs(v))):.3e}")
-    lines += ["", "![sparsity](sparsity.png)", ""]
-    _ = math
+    lines += ["", "Shares of the entries of the trained layers' features z* on the test "
+              "signals; the left panel of the plot counts exact zeros, the right one shows the "
+              "magnitudes of the nonzero entries.", "", "![sparsity](sparsity.png)", ""]
     return "\n".join(lines)

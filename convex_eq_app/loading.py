@@ -3,84 +3,31 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
-import logging
-from pathlib import Path
 from typing import Any
 
 import lowering
-from convex_eq.composition import DeepComposition
-from convex_eq.errors import ConvexEqError
-from convex_eq.objective import Objective
 
+from .errors import CLIError
 from .steps import step
+from .userfile import SPEC_HINT, definitions, pick, run_file, split_spec
 
-log = logging.getLogger(__name__)
-KINDS = (Objective, DeepComposition)
-SPEC_HINT = "pass FILE[:NAME]: a Python file that defines an objective or a model (and its name)"
-
-
-class CLIError(ConvexEqError):
-    """A user mistake on the command line."""
+__all__ = ["CLIError", "load_and_lower", "load_object"]
 
 
 def load_object(spec: str) -> Any:
-    """The ``Objective``/``DeepComposition`` named by ``FILE[:NAME]`` (the only one if no NAME;
-    a callable NAME is called without arguments)."""
-    path, _, name = spec.partition(":")
-    p = Path(path)
-    if not p.is_file():
-        raise CLIError(f"no such file: {path}", hint=SPEC_HINT)
-    mod_spec = importlib.util.spec_from_file_location(p.stem, p)
-    if mod_spec is None or mod_spec.loader is None:
-        raise CLIError(f"cannot import {path} as a Python module", hint=SPEC_HINT)
-    mod = importlib.util.module_from_spec(mod_spec)
-    log.info("running %s", p)
-    try:
-        mod_spec.loader.exec_module(mod)
-    except ConvexEqError:
-        raise
-    except Exception as err:  # a user file: report it in one line (tracebacks via --debug)
-        raise CLIError(f"error while running {path}: {type(err).__name__}: {err}",
-                       hint="fix the file (rerun with --debug for a traceback)") from err
+    """The ``Objective``/``DeepComposition`` named by ``FILE[:NAME]`` (without NAME: the only
+    object the file defines; a callable NAME is called without arguments)."""
+    path, name = split_spec(spec)
+    mod = run_file(path)
     if name:
-        if not hasattr(mod, name):
-            raise CLIError(f"{path} defines no '{name}'", hint=_name_hint(mod))
-        obj = getattr(mod, name)
-        if callable(obj) and not isinstance(obj, KINDS):
-            try:
-                obj = obj()
-            except ConvexEqError:
-                raise
-            except Exception as err:
-                raise CLIError(f"{name}() failed: {type(err).__name__}: {err}",
-                               hint="rerun with --debug for a traceback") from err
-    else:
-        found = _found(mod)
-        if len(found) != 1:
-            raise CLIError(f"{path} defines {len(found)} objectives "
-                           f"({', '.join(found) or 'none'})", hint="name one: FILE:NAME")
-        name, obj = next(iter(found.items()))
-    if not isinstance(obj, KINDS):
-        raise CLIError(f"'{name}' is a {type(obj).__name__}, not an objective or a model",
-                       hint=SPEC_HINT)
-    log.info("loaded %s:%s (%s)", path, name, type(obj).__name__)
-    return obj
-
-
-def _found(mod: Any) -> dict[str, Any]:
-    return {k: v for k, v in vars(mod).items() if isinstance(v, KINDS)}
-
-
-def _name_hint(mod: Any) -> str:
-    """The objectives and the functions the file defines (a function NAME is called)."""
-    names = list(_found(mod)) + [k for k, v in vars(mod).items() if not k.startswith("_")
-                                 and inspect.isfunction(v) and v.__module__ == mod.__name__]
-    if not names:
-        return SPEC_HINT
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    return f"name one of: {shown}"
+        return pick(mod, path, name)
+    objects = [d for d in definitions(mod) if d.kind != "factory"]
+    if len(objects) != 1:
+        names = ", ".join(d.name for d in definitions(mod)) or "none"
+        raise CLIError(f"{path} defines {len(objects)} objectives or models and no NAME was "
+                       f"given (it defines: {names})", hint=f"name one: {path}:NAME; "
+                       f"convex-eq derive {path} lists them" if names != "none" else SPEC_HINT)
+    return pick(mod, path, objects[0].name)
 
 
 def load_and_lower(args: argparse.Namespace) -> Any:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,51 +27,12 @@ from torch import nn
 import lowering
 from convex_eq import models
 from convex_eq.errors import ConvergenceWarning
-from lowering.perturbation import cascade
 from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
-from .data import Dataset, mnist1d
+from .configs import TableConfig
+from .data import Dataset, load
+from .results import PUBLISHED
 from .training import Result, TrainConfig, fit, n_params, verify_layer
-
-#: test accuracies published by the MNIST-1D authors (no shuffling), in %
-PUBLISHED = {"logistic regression": 32.0, "MLP": 68.0, "CNN": 94.0, "GRU": 91.0, "human": 96.0}
-
-
-@dataclass
-class TableConfig:
-    """Architecture and budget of the table's models (``quick``: the CI smoke version)."""
-
-    channels: int = 32
-    kernel: int = 5
-    pooled: int = 8
-    epochs: int = 30
-    batch: int = 64
-    lr: float = 5e-3
-    weight_decay: float = 0.0
-    shift: int = 2
-    tol: float = 1e-4
-    max_iter: int = 30
-    alpha: float = 0.5
-    pe_eps: float = 0.05
-    lam: float = 0.05
-    #: MOptEq fusion of the table's row: "H" (smooth coupling; the solves converge like
-    #: POptEq's) or "HD" (with the nonsmooth decorrelation D, whose a.e. gradient stalls the
-    #: solver at the iteration cap: measured about 10× the cost of a conv OptEq epoch)
-    mopteq_fusion: str = "H"
-    gamma: float = 0.05
-    seeds: tuple[int, ...] = (0,)
-    models: tuple[str, ...] = ()
-    val: bool = False
-    device: str = "cpu"
-    workers: int = 2
-    quick: bool = False
-    verify_inputs: int = 1
-    train_subset: int = 0  # 0 = all (the quick mode trains on a subset)
-
-    @classmethod
-    def quick_config(cls) -> TableConfig:
-        return cls(channels=4, kernel=3, pooled=4, epochs=1, seeds=(0,), quick=True,
-                   train_subset=256, max_iter=20)
 
 
 # ----------------------------------------------------------------------------- the models
@@ -99,40 +58,101 @@ def deep_opteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module
     return _classifier(obj, cfg)
 
 
-def _branches(cfg: TableConfig) -> dict[str, Any]:
-    return {"channels": cfg.channels // 2, "kernels": (cfg.kernel, 2 * cfg.kernel + 1),
-            "scales": (1, 2)}
+def stem(channels: int, shape: tuple[int, ...]) -> nn.Module:
+    """``g(x) = relu(conv₃(x))``: ``shape[0] → channels`` feature maps of the same length."""
+    return nn.Sequential(nn.Conv1d(shape[0], channels, 3, padding=1), nn.ReLU())
 
 
-def branch_bounds(fusion: str) -> dict[str, float]:
-    """``||W_i||₂`` bounds that keep the smooth quadratic part convex: ``1 - ||W_i||² -
-    ||P||₂ ≥ 0`` with the coupling (``||P||₂ = 1/√2`` for pairwise averaging), ``||W_i|| ≤ 1``
-    without it (POptEq: independent OptEq branches)."""
-    b = 1.0 if fusion == "none" else math.sqrt(1.0 - 1.0 / math.sqrt(2.0))
-    return {"W1": b, "W2": b}
+def _branch_channels(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> int:
+    """Channels per branch that bring POptEq (the multi-branch family without D's parameter-free
+    terms, hence all of them) closest to the conv OptEq's parameter count."""
+    target = n_params(conv_opteq(cfg, shape, seed))
+
+    def count(c: int) -> int:
+        obj = models.conv_mopteq((cfg.stem, shape[-1]), channels=c, kernels=(3, cfg.kernel),
+                                 scales=(1, 2), fusion="none", seed=seed)
+        return n_params(EquilibriumClassifier(lowering.lower(obj), _settings(cfg), pool="max",
+                                              pooled=cfg.pooled, stem=stem(cfg.stem, shape)))
+
+    lo, hi = 2, max(4, cfg.channels)
+    while lo < hi:  # the count grows with c
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) < target else (lo, mid)
+    return min((max(2, lo - 1), lo), key=lambda c: abs(count(c) - target))
 
 
-def mopteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
-    """Multi-scale conv MOptEq with ``cfg.mopteq_fusion`` (H or H&D) and PE training."""
-    obj = models.conv_mopteq(shape, lam=cfg.lam, seed=seed, fusion=cfg.mopteq_fusion,
-                             branch_inputs=True, **_branches(cfg))
-    return _classifier(obj, cfg, branch_bounds(cfg.mopteq_fusion),
-                       cascade=cascade(obj, cfg.pe_eps))
+def branch_bounds(cfg: TableConfig) -> dict[str, float]:
+    """``||W_i||₂ ≤ ζ`` for both branches, the same for MOptEq and POptEq (H only: ``Lip(T) ≤
+    ζ²·||P||₂``, docs/theory.md §3.3)."""
+    return {"W1": cfg.zeta, "W2": cfg.zeta}
+
+
+def multibranch(cfg: TableConfig, shape: tuple[int, ...], seed: int, *, fusion: str,
+                 decorrelation: str = "smooth", pe: bool = False) -> nn.Module:
+    """The MOptEq family's classifier: stem, two branches at scales 1 and 2 (kernels 3 and
+    ``cfg.kernel``), ``fusion`` ``"HD"``/``"H"``/``"none"``, ``decorrelation``, PE."""
+    c = _branch_channels(cfg, shape, seed)
+    obj = models.conv_mopteq((cfg.stem, shape[-1]), channels=c, kernels=(3, cfg.kernel),
+                             scales=(1, 2), lam=cfg.lam, fusion=fusion,
+                             decorrelation=decorrelation, width=cfg.width, seed=seed,
+                             branch_inputs=pe)
+    layer = lowering.lower(obj)
+    if pe:
+        layer = lowering.perturbation_enhanced(layer, cfg.pe_eps)
+    torch.manual_seed(seed)
+    return EquilibriumClassifier(layer, _settings(cfg, branch_bounds(cfg)), pool="max",
+                                 pooled=cfg.pooled, stem=stem(cfg.stem, shape))
 
 
 def popteq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
-    """POptEq: the same branches without fusion (MOptEq's parallel baseline)."""
-    obj = models.conv_mopteq(shape, seed=seed, fusion="none", **_branches(cfg))
-    return _classifier(obj, cfg, branch_bounds("none"))
+    """POptEq (MOptEq paper Eq. 10): stem, two independent conv OptEq branches at scales 1, 2."""
+    return multibranch(cfg, shape, seed, fusion="none")
 
 
-def geq(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
-    """Conv GEQ with patch and channel splitting (docs/theory.md §3 row 3) on the signal laid
-    out as a 1-row image."""
-    c = cfg.channels
-    obj = models.geq(conv=(c, (1, cfg.kernel)), image=(shape[0], 1, shape[-1]), patch=(1, 4),
-                     h=8, gamma=cfg.gamma, channel_split=max(1, c // 4), seed=seed)
-    return _classifier(obj, cfg, {"W": 1.0, "W_h": 1.0}, input_shape=(shape[0], 1, shape[-1]))
+def mopteq_paper_d(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """MOptEq with H and the paper's D (|·|: discontinuous, no fixed point guaranteed)."""
+    return multibranch(cfg, shape, seed, fusion="HD", decorrelation="sign")
+
+
+def mopteq_smooth_d(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """MOptEq with H and the Huber-smoothed D (a continuous layer)."""
+    return multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth")
+
+
+def mopteq_pe(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """MOptEq (smoothed D) with perturbation-enhanced branches (Algorithm 2, ε = cfg.pe_eps)."""
+    return multibranch(cfg, shape, seed, fusion="HD", decorrelation="smooth", pe=True)
+
+
+#: GEQ branches on an MNIST-1D signal: scales 1/2/4/4 (the paper's 32/16/8/8 of its six; a
+#: length-5 branch cannot hold patches of 2 at scale 8), patches of 2 positions × 8 channels
+GEQ_SCALES = (1, 2, 4, 4)
+
+
+def geq_with(cfg: TableConfig, shape: tuple[int, ...], seed: int, gamma: Any) -> nn.Module:
+    """Multi-branch GEQ as its paper builds it (docs/theory.md §3.2): 16 channels per branch
+    (the conv OptEq's parameter count), full-size ``W_h``, branch outputs averaged after
+    pooling / up-sampling, weight normalisation of every ``W_i`` and phantom gradients;
+    ``gamma``: a number, ``"paper"`` or ``"input"`` (:func:`convex_eq.models.conv_geq`)."""
+    c = 16 if cfg.channels >= 32 else 8  # (the smoke run's small models: 8)
+    obj = models.conv_geq(shape, c, scales=GEQ_SCALES, kernel=cfg.kernel, patch=2,
+                          channel_split=8, gamma=gamma, seed=seed)
+    wn = tuple(f"W{i + 1}" for i in range(len(GEQ_SCALES)))
+    settings = TrainingSettings(tol=cfg.tol, max_iter=cfg.max_iter, backward="phantom",
+                                weight_normalization=wn)
+    torch.manual_seed(seed)
+    return EquilibriumClassifier(lowering.lower(obj), settings, fusion="average", pool="max",
+                                 pooled=cfg.pooled)
+
+
+def geq_paper(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """Multi-branch GEQ with the paper's bandwidth γ = 0.2/M recomputed from the state."""
+    return geq_with(cfg, shape, seed, "paper")
+
+
+def geq_fixed(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
+    """Multi-branch GEQ with one fixed bandwidth ``cfg.gamma`` (KerDEQ's best, 0.5)."""
+    return geq_with(cfg, shape, seed, cfg.gamma)
 
 
 def mon(cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
@@ -166,23 +186,31 @@ def cnn_with(params: int, length: int = 40) -> nn.Module:
 #: the table's equilibrium models by name
 EQ_MODELS: dict[str, Callable[[TableConfig, tuple[int, ...], int], nn.Module]] = {
     "conv OptEq": conv_opteq,
-    "deep OptEq (L=2)": deep_opteq,
-    "MOptEq (PE)": mopteq,
     "POptEq": popteq,
-    "GEQ (patch, channel split)": geq,
+    "MOptEq (H&D, paper's D)": mopteq_paper_d,
+    "MOptEq (H&D, smoothed D)": mopteq_smooth_d,
+    "MOptEq (smoothed D) + PE": mopteq_pe,
+    "GEQ (multi-branch, paper's γ)": geq_paper,
+    "GEQ (multi-branch, fixed γ)": geq_fixed,
+    "deep OptEq (L=2)": deep_opteq,
+    "MON": mon,
 }
-if hasattr(models, "mon"):
-    EQ_MODELS["MON"] = mon
 MLP, CNN = "MLP (same #params)", "CNN (same #params)"
-#: measured cost order (most expensive first): the PE cascade solves twice and the H&D solve is
-#: nonsmooth
-COST_RANK = {n: i for i, n in enumerate(["MOptEq (PE)", "conv OptEq", "MON",
-                                         "GEQ (patch, channel split)", "deep OptEq (L=2)",
-                                         "POptEq", CNN, MLP])}
+#: the models trained when none are named
+DEFAULT_MODELS = ("conv OptEq", "POptEq", "MOptEq (H&D, paper's D)", "MOptEq (H&D, smoothed D)",
+                  "MOptEq (smoothed D) + PE", "GEQ (multi-branch, paper's γ)",
+                  "GEQ (multi-branch, fixed γ)", CNN, MLP)
+#: measured cost order (most expensive first): the paper's D stalls the solver at its cap, PE's
+#: branch input is recomputed in every evaluation
+COST_RANK = {n: i for i, n in enumerate(["MOptEq (H&D, paper's D)", "MOptEq (smoothed D) + PE",
+                                         "MOptEq (H&D, smoothed D)", "POptEq",
+                                         "GEQ (multi-branch, paper's γ)",
+                                         "GEQ (multi-branch, fixed γ)", "conv OptEq", "MON",
+                                         "deep OptEq (L=2)", CNN, MLP])}
 
 
 def model_names(cfg: TableConfig) -> list[str]:
-    return list(cfg.models) if cfg.models else [*EQ_MODELS, MLP, CNN]
+    return list(cfg.models) if cfg.models else list(DEFAULT_MODELS)
 
 
 def build(name: str, cfg: TableConfig, shape: tuple[int, ...], seed: int) -> nn.Module:
@@ -218,7 +246,7 @@ class Row:
 
 
 def table_data(cfg: TableConfig) -> Dataset:
-    data = mnist1d()
+    data = load(cfg.dataset)
     if cfg.val:
         data = data.validation_split(0.1, seed=0)
     if cfg.train_subset:
@@ -228,7 +256,10 @@ def table_data(cfg: TableConfig) -> Dataset:
 
 
 def run_job(job: Job) -> Row:
-    """Train one model on one seed (one thread), verify its layer; appends epochs to the log."""
+    """Train one model on one seed (one thread), verify its layer; appends epochs to the log
+    and reports them to the progress bar.  The row carries the trained ``state_dict``."""
+    from .progress import cpu_state, report_epoch
+
     torch.set_num_threads(1)
     cfg = job.cfg
     data = table_data(cfg)
@@ -240,6 +271,7 @@ def run_job(job: Job) -> Row:
         if job.log:
             with open(job.log, "a") as f:
                 f.write(json.dumps({"model": job.name, "seed": job.seed, **row}) + "\n")
+        report_epoch(job.name, row)
 
     res = fit(model, data, tc, job.name, on_epoch=log)
     if isinstance(model, EquilibriumClassifier):
@@ -249,16 +281,27 @@ def run_job(job: Job) -> Row:
                 res.verification = verify_layer(model, data.x_test, cfg.verify_inputs)
             except Exception as err:  # reported in the table, never a pass
                 res.verification = f"not verified: {type(err).__name__}: {err}"[:160]
-    return Row(job.name, job.seed, res)
+    return Row(job.name, job.seed, res, {"state_dict": cpu_state(model)})
+
+
+SMOKE = ("SMOKE RUN (--quick): tiny models, one epoch on 256 signals. It checks that every "
+         "model builds, trains and verifies; its accuracies are not results and are not "
+         "comparable with the published ones.")
 
 
 def run(out: str | Path = "convex_eq_table", cfg: TableConfig | None = None,
-        progress: bool = True) -> dict[str, Any]:
-    """Train every model on every seed (``cfg.workers`` processes), write ``table.md`` and
-    ``results.json`` to ``out``; returns them."""
+        progress: bool = True, argv: list[str] | None = None) -> dict[str, Any]:
+    """Train every model on every seed (``cfg.workers`` processes, a progress bar counting
+    epochs), write ``table.md``, ``results.json`` and ``checkpoints/<model>-seed<k>.pt`` to
+    ``out``; returns them.  ``argv``: the command line the report records (default: this
+    process's)."""
+    from .errors import output_dir
+    from .progress import run_all, save_checkpoint
+    from .provenance import collect
+
     cfg = cfg or TableConfig()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out)
+    prov = collect(argv, cfg.device)
     log = out / "epochs.jsonl"
     log.write_text("")
     # longest first, so that the workers finish close together
@@ -268,73 +311,80 @@ def run(out: str | Path = "convex_eq_table", cfg: TableConfig | None = None,
     load0 = os.getloadavg()[0]
     done = out / "rows.jsonl"  # each finished model at once (a cut-off run keeps them)
     done.write_text("")
-    rows: list[Row] = []
+    checkpoints: dict[tuple[str, int], str] = {}
+    if cfg.quick and progress:
+        print(SMOKE)
 
-    def finished(r: Row) -> None:
-        rows.append(r)
+    def finished(job: Job, r: Row) -> None:
+        checkpoints[(r.name, r.seed)] = save_checkpoint(r.extra.pop("state_dict"), out,
+                                                        f"{r.name}-seed{r.seed}")
         with open(done, "a") as f:
             f.write(json.dumps({"name": r.name, "seed": r.seed, **asdict(r.result)},
                                default=float) + "\n")
-        if progress:
-            print(f"[{time.perf_counter() - t0:7.0f} s] {r.name} seed {r.seed}: "
-                  f"{100 * r.result.accuracy:.1f} % ({r.result.train_time:.0f} s)", flush=True)
 
-    if cfg.workers <= 1:
-        for j in jobs:
-            finished(run_job(j))
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(cfg.workers, mp_context=ctx) as pool:
-            for f in as_completed([pool.submit(run_job, j) for j in jobs]):
-                finished(f.result())
+    rows = run_all(run_job, jobs, workers=cfg.workers, epochs=len(jobs) * cfg.epochs,
+                   desc="train-table", enabled=progress, on_done=finished)
     rank = {n: i for i, n in enumerate(model_names(cfg))}
     rows.sort(key=lambda r: (rank[r.name], r.seed))
     wall = time.perf_counter() - t0
     meta = {"wall_seconds": wall, "load_start": load0, "load_end": os.getloadavg()[0],
             "cpus": os.cpu_count(), "torch_threads_per_worker": 1, "config": asdict(cfg)}
-    text = table(rows, cfg, meta)
-    (out / "table.md").write_text(text)
+    text = report(rows, cfg, meta, prov)
+    (out / "table.md").write_text(text, encoding="utf-8")
     (out / "results.json").write_text(json.dumps(
-        {**meta, "rows": [{"name": r.name, "seed": r.seed, **asdict(r.result)} for r in rows]},
-        indent=2, default=float))
+        {"kind": "train-table", "provenance": prov, **meta, "columns": COLUMNS,
+         "published": PUBLISHED,
+         "rows": [{"name": r.name, "seed": r.seed, **asdict(r.result),
+                   "checkpoint": checkpoints[(r.name, r.seed)]} for r in rows]},
+        indent=2, default=float), encoding="utf-8")
     if progress:
         print(text)
-    return {"rows": rows, "meta": meta, "table": text}
+    return {"rows": rows, "meta": meta, "table": text, "checkpoints": checkpoints}
+
+
+#: what each column of the table means (printed under it)
+COLUMNS = {
+    "model": "the seed model (an objective of convex_eq.models lowered to its layer, max-pooled, "
+             "linear head), an MLP or CNN with about the conv OptEq's parameter count, or a "
+             "test accuracy published by the MNIST-1D authors",
+    "acc. (%)": "share of the held-out signals (test, or the validation split with --val) "
+                "classified correctly after the last epoch; mean ± half the range over the "
+                "seeds when there are several",
+    "seeds": "the training seeds",
+    "params": "trainable parameters",
+    "mean fwd iters (test)": "forward-solver iterations per held-out signal at the end of "
+                             "training, mean over the seeds",
+    "steps at iteration cap (fwd / adjoint)": "training steps whose forward / adjoint solve "
+                                              "stopped at its iteration cap before the "
+                                              "tolerance, summed over epochs and seeds",
+    "s / epoch": "wall seconds of training per epoch (with the per-epoch evaluation), mean "
+                 "over the seeds",
+    "verification of the trained layer": "worst relative state error ||z − z_ref|| / "
+                                         "max(||z_ref||, 0.01) against the reference "
+                                         "docs/theory.md §9 prescribes, on the held-out inputs "
+                                         "verified (where a reference gives no state: the "
+                                         "fixed-point residual ||z − T(z)|| / max(1, ||z||)); "
+                                         "the reference, the claim and the verdict",
+}
 
 
 def table(rows: list[Row], cfg: TableConfig, meta: dict[str, Any]) -> str:
-    """Markdown table: mean (± spread over seeds) accuracy, params, solver statistics."""
-    part = "validation (10 % of train)" if cfg.val else "test"
-    sizes = "3600 train / 400 validation" if cfg.val else "4000 train / 1000 test"
-    if cfg.train_subset:
-        sizes = f"quick mode: the first {cfg.train_subset} signals of each part"
-    lines = [f"| model | {part} acc. (%) | seeds | params | mean fwd iters (test) | "
-             "steps at iteration cap (fwd / adjoint) | s / epoch | verification of the trained "
-             "layer |", "|---|---|---|---|---|---|---|---|"]
-    for name in dict.fromkeys(r.name for r in rows):
-        rs = [r for r in rows if r.name == name]
-        accs = [100 * r.result.accuracy for r in rs]
-        mean = sum(accs) / len(accs)
-        spread = f" ± {(max(accs) - min(accs)) / 2:.1f}" if len(accs) > 1 else ""
-        res = rs[0].result
-        it = sum(r.result.mean_iterations for r in rs) / len(rs)
-        capped = (f"{sum(r.result.nonconvergence[0] for r in rs)} / "
-                  f"{sum(r.result.nonconvergence[1] for r in rs)}")
-        ep = sum(r.result.train_time for r in rs) / max(1, sum(cfg.epochs for _ in rs))
-        ver = "; ".join(r.result.verification for r in rs)
-        eq = not math.isnan(it)
-        lines.append(f"| {name} | {mean:.1f}{spread} | {','.join(str(r.seed) for r in rs)} | "
-                     f"{res.params} | {f'{it:.1f}' if eq else '—'} | {capped if eq else '—'} | "
-                     f"{ep:.1f} | {ver} |")
-    for name, acc in PUBLISHED.items():
-        lines.append(f"| {name} (published by the MNIST-1D authors) | {acc:.0f} | — | — | — | — "
-                     "| — | — |")
-    lines += ["", f"MOptEq fusion: {cfg.mopteq_fusion}, λ = {cfg.lam:g}, PE ε = {cfg.pe_eps:g}. "
-              f"MNIST-1D generated locally ({sizes}), {cfg.epochs} epochs, "
-              f"Adam lr {cfg.lr:g} (cosine), batch {cfg.batch}, shift augmentation ±{cfg.shift} "
-              f"for every model, seeds {list(cfg.seeds)}; equilibrium layers: tol {cfg.tol:g}, "
-              f"at most {cfg.max_iter} iterations (adjoint {2 * cfg.max_iter}). Wall time "
-              f"{meta['wall_seconds']:.0f} s with {cfg.workers} worker process(es) of one torch "
-              f"thread on {meta['cpus']} CPUs, load average {meta['load_start']:.1f} at the start "
-              f"and {meta['load_end']:.1f} at the end."]
-    return "\n".join(lines)
+    """Markdown table: mean (± half the range over seeds) accuracy, params, solver statistics,
+    and the settings under it (:func:`convex_eq_app.results.mnist1d_table`)."""
+    from .results import mnist1d_table
+
+    return mnist1d_table([{"name": r.name, "seed": r.seed, **asdict(r.result)} for r in rows],
+                         asdict(cfg), meta["wall_seconds"], meta["cpus"])
+
+
+def report(rows: list[Row], cfg: TableConfig, meta: dict[str, Any],
+           prov: dict[str, Any]) -> str:
+    """``table.md``: where the numbers come from, the table, what each column means."""
+    from .provenance import column_lines, header_lines
+
+    return "\n".join([
+        "# convex-eq train-table: the seed models on MNIST-1D", "",
+        *header_lines(prov, smoke=cfg.quick), table(rows, cfg, meta), "",
+        *column_lines(COLUMNS),
+        "Trained weights (`state_dict`): `checkpoints/<model>-seed<k>.pt` beside this report; "
+        "per-epoch losses, accuracies and solver statistics: `epochs.jsonl`.", ""])

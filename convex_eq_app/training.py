@@ -219,7 +219,8 @@ def verify_layer(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
     from verify.check import check
 
     model.cpu()
-    inp = model.layer_inputs(x[:k].detach().cpu())
+    with torch.no_grad():  # (a stem's output needs no graph here)
+        inp = model.layer_inputs(x[:k].detach().cpu())
     inp = {n: t.double() for n, t in inp.items()} if isinstance(inp, dict) else inp.double()
     rep = check(model.eq, inp)
     errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]

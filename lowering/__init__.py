@@ -6,9 +6,9 @@ which imports the deriving side and registers the emitters ``DerivedLayer.torch_
 """
 
 from .converter import ConvertedNetwork, convert
-from .derived import DerivedLayer
-from .lower import lower, register_rule, unregister_rule
-from .perturbation import Perturbation, perturbation
+from .derived import DerivedLayer, register_edit
+from .lower import derive_again, lower, register_rule, unregister_rule
+from .perturbation import Perturbation, perturbation, perturbation_enhanced
 from .runtime import (
     BACKWARD_STRATEGIES,
     SOLVERS,
@@ -43,9 +43,12 @@ __all__ = [
     "Step",
     "WeightControlConfig",
     "convert",
+    "derive_again",
     "lower",
     "perturbation",
+    "perturbation_enhanced",
     "register_backward",
+    "register_edit",
     "register_rule",
     "register_solver",
     "solve",

@@ -66,17 +66,26 @@ def _layers(seq: nn.Sequential) -> list[tuple[nn.Linear, Activation]]:
 class ConvertedNetwork:
     """The factors ``W̄_0..W̄_L``, biases, activations and per-layer hidden objectives."""
 
+    #: the factors ``W̄_0, …, W̄_L`` (``W̄_k ∈ R^{n_k×m}``, ``A_k = W̄_{k+1} W̄_kᵀ``, Lemma 2)
     factors: list[np.ndarray]
+    #: the biases ``c_0, …, c_{L−1}`` of the original layers
     biases: list[np.ndarray]
+    #: the activations ``σ_0, …, σ_{L−1}`` of the original layers
     activations: list[Activation]
+    #: the hidden objective ``φ_k = ψ_k* − ½||·||²`` of each hidden layer (Theorem 1)
     objectives: list[Objective]
+    #: the scales ``μ_k = L_σ ||W̄_{k+1}||₂²`` with ``u_{k+1} = μ_k·prox_{φ_k}(u_k)``
     mus: list[float]
+    #: the common width of the weight-tied state ``u_k = W̄_kᵀ x_k`` (``m ≥ n_k + n_{k+1}``)
     m: int
 
     def module(self, dtype: torch.dtype = torch.float64) -> OptEqFeedForward:
+        """The reformulated network as a ``torch.nn.Module`` (outputs equal to the original
+        network's up to round-off)."""
         return OptEqFeedForward(self, dtype)
 
     def describe(self) -> str:
+        """The reformulation, one line per layer (``u_{k+1} = μ_k·prox_φk(u_k)``)."""
         lines = [f"weight-tied OptEq reformulation, m = {self.m}:",
                  f"  u_0 = W̄_0ᵀ x  (W̄_0: {self.factors[0].shape})"]
         for k, (obj, mu) in enumerate(zip(self.objectives, self.mus)):

@@ -31,6 +31,23 @@ def register_emitter(backend: str) -> Callable[[Callable[..., torch.nn.Module]],
     return deco
 
 
+#: edits of a derived layer, ``name → edit(derived, **options) -> DerivedLayer`` (e.g. MOptEq's
+#: perturbation-enhanced branches); a layer records the edits applied to it in ``edits``, so it
+#: can be derived again from its objective (``lowering.lower.derive_again``, on unpickle)
+EDITS: dict[str, Callable[..., DerivedLayer]] = {}
+
+
+def register_edit(name: str) -> Callable[[Callable[..., DerivedLayer]],
+                                         Callable[..., DerivedLayer]]:
+    """Decorator entering ``edit(derived, **options)`` as the edit ``name``."""
+
+    def deco(edit: Callable[..., DerivedLayer]) -> Callable[..., DerivedLayer]:
+        EDITS[name] = edit
+        return edit
+
+    return deco
+
+
 @dataclass
 class DerivedLayer:
     """``z = T(z, x)`` derived from a hidden objective.
@@ -40,21 +57,39 @@ class DerivedLayer:
     edits such as the Moreau skip rule to keep their exact claims); ``payload`` holds the
     rule's typed facts (``info`` is the same as a dict)."""
 
+    #: the lowered objective (an ``Objective`` or a ``DeepComposition``; after an edit, the
+    #: edited one)
     source: Any
+    #: the state blocks ``z`` the layer solves for, in the order of the stacked state
     blocks: list[Symbol]
+    #: the update of each block, by block name (the expression tree of ``T``)
     nodes: dict[str, Node]
+    #: the rules applied, step by step (prints with ``describe()`` or ``latex()``)
     derivation: Derivation
+    #: what the equilibrium is: a minimizer, a minimizer of a modified objective, or a
+    #: stationary point (docs/theory.md §9)
     claim: Claim
+    #: the estimate of ``Lip(T)`` and its formula
     contraction: Contraction
+    #: True if ``T`` is exactly ``prox_φ`` of the lowered objective
     is_prox: bool = False
+    #: the convexity certificate of the objective the claim is about (None for deep
+    #: compositions, whose per-layer conditions are in ``info["conditions"]``)
     certificate: Any = None
+    #: the regularizer terms an edit ``φ + γR`` added (empty without an edit)
     regularizers: list[Any] = field(default_factory=list)
+    #: the rule's typed facts (``info`` gives them as a dict)
     payload: Any = None
     #: the keyword options ``lower`` was called with (re-deriving the layer, e.g. on unpickle)
     lower_options: dict[str, Any] = field(default_factory=dict)
     #: the layer's outputs as nodes of the solved state (None: the state blocks themselves),
     #: e.g. ``z = prox_{αg}(u)`` of a Peaceman–Rachford layer whose state is ``u``
     outputs: list[tuple[Symbol, Node]] | None = None
+    #: the edits applied after ``lower``, in order: ``(name, options)`` of :data:`EDITS`
+    edits: tuple[tuple[str, dict[str, Any]], ...] = ()
+    #: ``(states, inputs, env) ↦ inputs`` at which the claim holds, when they differ from the
+    #: layer's own (flat batched tensors; None: the claim is about the layer's inputs)
+    claim_inputs: Callable[..., dict[str, torch.Tensor]] | None = None
 
     @property
     def output_blocks(self) -> list[Symbol]:
@@ -80,12 +115,14 @@ class DerivedLayer:
     # ------------------------------------------------------------------ symbols
     @property
     def symbols(self) -> list[Symbol]:
+        """Every symbol of the lowered objective."""
         src = self.source
         syms = src.symbols if hasattr(src, "symbols") else []
         return list(syms)
 
     @property
     def inputs(self) -> list[Symbol]:
+        """The layer's inputs ``x``."""
         return [s for s in self.symbols if s.kind == "input"]
 
     @property
@@ -95,6 +132,7 @@ class DerivedLayer:
 
     @property
     def state_size(self) -> int:
+        """``N``: the number of entries of the stacked state (all blocks)."""
         return sum(b.size for b in self.blocks)
 
     # ------------------------------------------------------------------ evaluation
@@ -115,6 +153,8 @@ class DerivedLayer:
         return out
 
     def stack(self, Z: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-block flat values ``(B, n_b)`` → the stacked state ``(B, N)`` (inverse of
+        ``split``)."""
         return torch.cat([Z[b.name] for b in self.blocks], dim=-1)
 
     def T(self, **kwargs: Any) -> Any:
@@ -142,6 +182,7 @@ class DerivedLayer:
 
     # ------------------------------------------------------------------ printing
     def formula(self, latex: bool = False) -> str:
+        """The layer ``z ← T(z, x)``, one block per line (or LaTeX)."""
         parts = []
         for b in self.blocks:
             n = self.nodes[b.name]

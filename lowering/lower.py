@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .derived import DerivedLayer
+from .derived import EDITS, DerivedLayer
 from .rules import RULES, RuleRegistry, register_rule, unregister_rule
 from .rules.base import OPTIONS
 
-__all__ = ["OPTIONS", "lower", "register_rule", "unregister_rule"]
+__all__ = ["OPTIONS", "derive_again", "lower", "register_rule", "unregister_rule"]
 
 
 def lower(objective: Any, *, rules: RuleRegistry | None = None, **options: Any) -> DerivedLayer:
@@ -24,3 +24,12 @@ def lower(objective: Any, *, rules: RuleRegistry | None = None, **options: Any) 
     if options and not derived.lower_options:
         derived.lower_options = dict(options)
     return derived
+
+
+def derive_again(derived: DerivedLayer) -> DerivedLayer:
+    """``derived`` derived afresh from its objective: ``lower`` with the options it was lowered
+    with, then the edits it records, in order (e.g. after unpickling its objective)."""
+    out = lower(derived.source, **(derived.lower_options or {}))
+    for name, options in derived.edits:
+        out = EDITS[name](out, **options)
+    return out

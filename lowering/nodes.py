@@ -44,6 +44,20 @@ class partial_evaluation:  # lower case: used like the function it was
         _PARTIAL.reset(self.token)
 
 
+class without_partial_evaluation:  # lower case: used like a function
+    """Within the block, nothing is taken from (or put into) the running partial evaluation's
+    cache: for an evaluation whose inputs are not the solve's (an input replaced by a value
+    that depends on the state, e.g. MOptEq's perturbation-enhanced branch input)."""
+
+    __slots__ = ("token",)
+
+    def __enter__(self) -> None:
+        self.token = _PARTIAL.set(None)
+
+    def __exit__(self, *exc: object) -> None:
+        _PARTIAL.reset(self.token)
+
+
 def solve_cache() -> dict[Any, Any] | None:
     """The cache of the running :class:`partial_evaluation` block (one forward solve, whose
     inputs and weights do not change), or None outside one: what a node computes once per
@@ -156,7 +170,9 @@ def _term_grad_text(term: Term, block: Symbol, sign: float, latex: bool) -> str:
             if e.op is None:
                 body = gg
             else:
-                adj = (f"{e.op.latex()}^\\top" if latex else f"{e.op}ᵀ")
+                tt = getattr(e.op, "transpose_text", None)
+                adj = (tt(latex) if tt is not None
+                       else (f"{e.op.latex()}^\\top" if latex else f"{e.op}ᵀ"))
                 body = f"{adj}({gg})"
             coef = "" if cc == 1.0 else ("-" if cc == -1.0 else f"{cc:g}·")
             if (coef or sc) and e.op is None and (" + " in body or " - " in body):
@@ -193,11 +209,16 @@ class GradSum(Node):
             self.eval_plan.append((t, idx, None if t.scalars else sign * t.scale))
 
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
-        vals = Z
-        if self.at:
+        if self.at:  # the arguments read other values than the solve's: no cached parts
             vals = dict(Z)
             for k, n in self.at.items():
                 vals[k] = n.eval(Z, env)
+            with without_partial_evaluation():
+                return self._eval(vals, env)
+        return self._eval(Z, env)
+
+    def _eval(self, vals: Z_t, env: Env | None) -> torch.Tensor:
+        Z = vals
         out = None
         for t, idx, c in self.eval_plan:
             if idx is None:
@@ -435,6 +456,9 @@ class Substitute(Node):
     def eval(self, Z: Z_t, env: Env | None) -> torch.Tensor:
         vals = dict(Z)
         vals[self.block.name] = self.inner.eval(Z, env)
+        if self.block.kind != "state":  # an input replaced: the solve's cached parts are stale
+            with without_partial_evaluation():
+                return self.node.eval(vals, env)
         return self.node.eval(vals, env)
 
     def lip(self, env: Env | None) -> float:

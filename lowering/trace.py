@@ -66,13 +66,19 @@ class Step:
     """One rule application: ``before ⟶ after`` under ``condition`` (formulas printed by
     :func:`render`; ``condition`` and ``note`` are prose)."""
 
+    #: the rule's name (e.g. ``"Theorem 1 (OptEq): prox of ψ* − ½||·||² is ∇ψ"``)
     rule: str
+    #: the condition under which the rule applies, in words
     condition: str
+    #: the formula before the step
     before: Formula
+    #: the formula after the step
     after: Formula
+    #: what the step implies (e.g. which claim it supports), in words
     note: str = ""
 
     def text(self, i: int) -> str:
+        """The step as printed text, numbered ``[i]``."""
         lines = [f"[{i}] {self.rule}", f"    condition: {self.condition or 'none'}",
                  f"    before: {render(self.before)}", f"    after:  {render(self.after)}"]
         if self.note:
@@ -80,6 +86,7 @@ class Step:
         return "\n".join(lines)
 
     def latex(self, i: int) -> str:
+        """The step as LaTeX, numbered ``[i]``."""
         note = f"\\\\ \\quad{_prose_latex('note: ' + self.note)}" if self.note else ""
         return (f"\\textbf{{[{i}] {self.rule}}}\\quad"
                 f"({_prose_latex('condition: ' + (self.condition or 'none'))})\\\\\n"
@@ -94,21 +101,30 @@ class ClaimKind(StrEnum):
     MODIFIED_MINIMIZER = "modified minimizer"  # of φ + M¹[γR] (prox-variant edit)
     STATIONARY = "stationary point"
     INCLUSION = "inclusion"  # Theorem 2's monotone inclusion (deep compositions, L ≥ 3)
+    #: a fixed point of an iteration that recomputes a parameter from the state (GEQ's
+    #: bandwidth γ(x, z)): a stationary point of the objective at the parameter's own value
+    #: there, not of the objective with the parameter varying (docs/theory.md §3.2)
+    ITERATION = "fixed point of the iteration"
 
     @property
     def needs_certificate(self) -> bool:
         """Only a convexity certificate makes this claim true."""
-        return self is not ClaimKind.STATIONARY
+        return self not in (ClaimKind.STATIONARY, ClaimKind.ITERATION)
 
 
 @dataclass(frozen=True)
 class Claim:
     """What the equilibrium satisfies, stated exactly."""
 
+    #: minimizer, modified minimizer (of ``φ + M¹[γR]``), stationary point or inclusion
     kind: ClaimKind
+    #: the claim in words, e.g. ``"z* ∈ argmin φ, φ = …"``
     statement: str
+    #: the claim as LaTeX
     latex: str = ""
+    #: the objective the claim is about, as text
     objective_text: str = ""
+    #: the certificate's conditions the claim needs (e.g. ``||W||₂ ≤ 1``)
     conditions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -124,11 +140,15 @@ class Claim:
 class Contraction:
     """Lipschitz bound of ``T``: a formula from the terms and its current value."""
 
+    #: the bound as text, e.g. ``"s·L_σ·||W||₂²"``
     formula: str
+    #: the bound as LaTeX
     latex: str
+    #: computes the bound at given weights (None: the current ones)
     value_fn: Callable[[Env | None], float]
 
     def value(self, env: Env | None = None) -> float:
+        """The bound on ``Lip(T)`` at the weights ``env`` (None: the current ones)."""
         return float(self.value_fn(env))
 
     def describe(self, env: Env | None = None, value: float | None = None) -> str:
@@ -144,19 +164,24 @@ class Contraction:
 class Derivation:
     """Ordered derivation steps (a value: ``then`` returns a new derivation)."""
 
+    #: the steps in the order they were applied
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
     def then(self, *steps: Step) -> Derivation:
+        """A new derivation with ``steps`` appended."""
         return Derivation((*self.steps, *steps))
 
     def text(self) -> str:
+        """Every step as printed text."""
         return "\n".join(s.text(i + 1) for i, s in enumerate(self.steps))
 
     def latex(self) -> str:
+        """Every step as one LaTeX ``array``."""
         body = "\\\\[4pt]\n".join(s.latex(i + 1) for i, s in enumerate(self.steps))
         return f"\\begin{{array}}{{l}}\n{body}\n\\end{{array}}"
 
     def rules(self) -> list[str]:
+        """The names of the rules applied, in order."""
         return [s.rule for s in self.steps]
 
     def __str__(self) -> str:

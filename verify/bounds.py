@@ -36,23 +36,32 @@ class BoundReport:
     distance, or a ratio for the Lipschitz check), the reference's own inaccuracy ``slack``;
     ``holds`` where ``observed ≤ bound + slack``."""
 
+    #: what is bounded (printed)
     name: str
+    #: the certified bound per sample
     bound: np.ndarray
+    #: the quantity it must dominate per sample, from the reference
     observed: np.ndarray
+    #: the reference's own inaccuracy per sample
     slack: np.ndarray
+    #: the bound's formula, as the rule states it
     formula: str
+    #: how the observations were made
     notes: list[str] = field(default_factory=list)
 
     @property
     def holds(self) -> np.ndarray:
+        """Per sample: ``observed ≤ bound + slack``."""
         return self.observed <= self.bound + self.slack
 
     @property
     def passed(self) -> bool:
+        """The bound held for every sample."""
         return bool(self.holds.all())
 
     @property
     def failures(self) -> list[int]:
+        """The samples where it did not."""
         return [int(i) for i in np.flatnonzero(~self.holds)]
 
     def ratios(self) -> np.ndarray:
@@ -61,6 +70,7 @@ class BoundReport:
         return self.bound[keep] / self.observed[keep]
 
     def summary(self) -> str:
+        """One line: the verdict and the distribution of bound/observed."""
         r = self.ratios()
         dist = (f"bound/observed min {r.min():.3g}, median {np.median(r):.3g}, max {r.max():.3g} "
                 f"over {r.size}" if r.size else "no sample above the reference's accuracy")
@@ -158,18 +168,26 @@ class AttackReport:
     """An ℓ2 PGD attack inside each sample's certified radius: ``changed`` where the computed
     prediction changed, ``margin`` the smallest computed margin of the clean prediction found."""
 
+    #: the certified radius per sample (the attack's ball)
     radius: np.ndarray
+    #: per sample: the computed prediction changed inside the ball
     changed: np.ndarray
+    #: per sample: the smallest margin of the clean prediction the attack found
     margin: np.ndarray
+    #: samples attacked (radius > 0)
     attacked: int
+    #: PGD steps per restart
     steps: int
+    #: starts per sample (the first from the input itself)
     restarts: int
 
     @property
     def success_rate(self) -> float:
+        """Changed predictions over attacked samples (0 where the certificate holds)."""
         return float(self.changed.sum()) / max(1, self.attacked)
 
     def summary(self) -> str:
+        """One line: steps, restarts, attacked samples and changed predictions."""
         return (f"PGD ({self.steps} steps × {self.restarts} restarts) inside the certified radius "
                 f"of {self.attacked} samples: {int(self.changed.sum())} predictions changed")
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ from .equilibrium import (
 )
 from .gradients import gradient_check
 from .inclusion import check_inclusion, handles
-from .module_output import Against, judge_module
+from .module_output import Against, judge_module, module_output
 from .references.base import source_family
 from .report import GradientReport, ModuleJudgement, Report, SampleResult, Tolerances
 from .selection import REFERENCE_KINDS, REQUESTS, Situation, refuse_inapplicable, select_reference
@@ -54,9 +55,13 @@ NEEDS_CERTIFICATE = ("minimizer", "modified minimizer", "inclusion")
 class CertificateAt:
     """The certificate evaluated at the verified weights."""
 
+    #: the certificate as one line, with the conditions' values at these weights
     text: str
+    #: ``"convex"``, ``"conditional"`` or ``"nonconvex"``
     kind: str
+    #: True if the objective is certified convex at these weights (every condition holds)
     certified: bool
+    #: the conditions that fail at these weights, as text
     violated: list[str] = field(default_factory=list)
 
 
@@ -165,12 +170,16 @@ def _check(target: Any, x: Any, *, gradients: bool,
                        compare_names=[b.name for b in derived.blocks])
     ctx.samples = [SampleResult(i) for i in range(ctx.bsz)]
     z, found = _equilibrium_step(ctx, sam)
+    layer_inputs = ctx.inputs
+    if derived.claim_inputs is not None:
+        _claim_inputs_step(ctx, layer_inputs)
     cert = certificate_at(derived, env)
     not_certified = _certificate_step(ctx, cert, sam)
     situation = Situation(src, derived.claim.kind, cert.certified, sam, found, reference)
     REFERENCE_KINDS[select_reference(situation)].run(ctx, src, situation)
     grad_report = _gradient_step(ctx, src, seed, sam) if gradients else None
-    judged = _module_step(ctx, module, z, found, sam) if module is not None else None
+    judged = (_module_step(ctx, module, z, found, sam, layer_inputs) if module is not None
+              else None)
     if not_certified and ctx.label.startswith(("minimizer", "modified")):
         ctx.label = "stationary point"
     z_layer = np.concatenate([ctx.states[k].numpy().reshape(ctx.bsz, -1)
@@ -192,7 +201,7 @@ def _equilibrium_step(ctx: CheckContext, sam: bool) -> tuple[torch.Tensor, bool]
     if sam:
         z, eq = sam_equilibrium(derived, ctx.module, inputs, env)  # type: ignore[arg-type]
     else:
-        z, eq = equilibrium(derived, inputs, env, tol=tols.equilibrium)
+        z, eq = equilibrium(derived, inputs, env, tol=tols.equilibrium, z0=_module_start(ctx))
     f = operator(derived, inputs, env)
     with torch.no_grad():
         tz = f(z)
@@ -210,6 +219,47 @@ def _equilibrium_step(ctx: CheckContext, sam: bool) -> tuple[torch.Tensor, bool]
     ctx.rule("residual", worst <= res_tol,
              f"optimality residual ||z - T(z)||/max(1,||z||) = {worst:.3e} > {res_tol:g}")
     return z, not (worst > res_tol and not eq.converged)
+
+
+def _module_start(ctx: CheckContext) -> torch.Tensor | None:
+    """Where no contraction bound makes the fixed point unique, the tight solve starts at the
+    module's own output, so the fixed point judged is the one the module returns (None: from 0;
+    also where the module fails, or its output is not the state)."""
+    d, module = ctx.derived, ctx.module
+    if module is None or d.outputs is not None or d.contraction.value(ctx.env) < 1:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out, _ = module_output(module, d, ctx.inputs)
+    except Exception:  # the module step reports the module's own failure
+        return None
+    if not np.isfinite(out).all():
+        return None
+    ctx.notes.append("no contraction bound makes the fixed point unique: the tight solve starts "
+                     "at the module's output, and the fixed point judged is the one it returns")
+    return torch.as_tensor(out, dtype=torch.float64)
+
+
+def _claim_inputs_step(ctx: CheckContext, layer_inputs: dict[str, torch.Tensor]) -> None:
+    """A layer whose claim is about other inputs than its own (MOptEq's PE layer: ``x_i −
+    δ*_{i−1}`` with ``δ*`` frozen at the fixed point): the references check the claim there."""
+    d = ctx.derived
+    with torch.no_grad():
+        ctx.inputs = {k: v.detach() for k, v in
+                      d.claim_inputs(ctx.states, ctx.inputs, ctx.env).items()}
+    reads = getattr(d.payload, "sign_inputs", None)
+    note = "the claim is checked at the inputs the layer states it for (" \
+        f"{d.claim.statement.split(' at the inputs ')[-1].split(':')[0]})"
+    if reads is not None:
+        with torch.no_grad():
+            g = reads(ctx.states, layer_inputs, ctx.env).abs()
+        nz = g[g > 0]
+        note += (f"; entries the signs read at the fixed point: {int((g == 0).sum())} exactly 0 "
+                 "(any δ entry there maximizes), smallest non-zero |entry| "
+                 f"{float(nz.min()) if nz.numel() else float('nan'):.3e} (small: near a jump "
+                 "of T)")
+    ctx.notes.append(note)
 
 
 def _certificate_step(ctx: CheckContext, cert: CertificateAt, sam: bool) -> bool:
@@ -246,7 +296,7 @@ def _gradient_step(ctx: CheckContext, src: Any, seed: int, sam: bool
 
 
 def _module_step(ctx: CheckContext, module: EquilibriumModule, z: torch.Tensor, found: bool,
-                 sam: bool) -> ModuleJudgement | None:
+                 sam: bool, layer_inputs: dict[str, torch.Tensor]) -> ModuleJudgement | None:
     """The module's own forward judged against the reference point the check accepted (else
     the tight equilibrium; docs/theory.md §9.5): the ``module_output`` rule."""
     if not found:
@@ -257,7 +307,7 @@ def _module_step(ctx: CheckContext, module: EquilibriumModule, z: torch.Tensor, 
                       tols.sam if sam else tols.rel_error, z,
                       np.array([s.residual for s in ctx.samples]), tols.scale_floor,
                       tols.sam if sam else None)
-    judged = judge_module(module, ctx.derived, ctx.inputs, ctx.env, against)
+    judged = judge_module(module, ctx.derived, layer_inputs, ctx.env, against)
     ctx.rule("module_output", judged.passed, judged.failure)
     ctx.notes += [f"module forward warned: {w}" for w in judged.warnings]
     return judged

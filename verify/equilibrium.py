@@ -126,15 +126,17 @@ def operator(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
 
 def equilibrium(derived: DerivedLayer, inputs: Mapping[str, torch.Tensor],
                 env: Mapping[str, torch.Tensor], tol: float = 1e-12, max_iter: int = 500,
-                fallback: bool = True) -> tuple[torch.Tensor, EquilibriumInfo]:
-    """Tight float64 solve of ``z = T(z, x)``: Anderson (m = 5), then (``fallback``) plain
-    iteration from its best iterate; returns the stacked state ``T(z)`` at the solver's
-    iterate ``z`` (in ``T``'s range, e.g. a prox's domain, which an Anderson mixture of iterates
-    need not be; no farther from the fixed point than ``z`` for a nonexpansive ``T``) and the
-    solve's record."""
+                fallback: bool = True, z0: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, EquilibriumInfo]:
+    """Tight float64 solve of ``z = T(z, x)`` from ``z0`` (default 0): Anderson (m = 5), then
+    (``fallback``) plain iteration from its best iterate; returns the stacked state ``T(z)`` at
+    the solver's iterate ``z`` (in ``T``'s range, e.g. a prox's domain, which an Anderson
+    mixture of iterates need not be; no farther from the fixed point than ``z`` for a
+    nonexpansive ``T``) and the solve's record."""
     f = operator(derived, inputs, env)
     bsz = next(iter(inputs.values())).shape[0] if inputs else 1
-    z0 = torch.zeros(bsz, derived.state_size, dtype=T64)
+    if z0 is None:
+        z0 = torch.zeros(bsz, derived.state_size, dtype=T64)
     with torch.no_grad():
         try:
             z, st = solve(f, z0, "anderson", tol=tol, max_iter=max_iter, m=5)

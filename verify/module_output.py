@@ -111,7 +111,9 @@ def _allowance(module: EquilibriumModule, derived: DerivedLayer,
     with np.errstate(invalid="ignore"):  # κ = inf at r = 0: no bound either way
         # the tight solve stopped at r = ||z − T(z)||/max(1, ||z||) is κ·r·max(1, ||z||) off
         eps = np.where(has_ref, against.accuracy, kappa * against.r * np.maximum(1.0, zn) / on)
-        allow = np.nan_to_num((tol + gam) * kappa * zn / on + eps, nan=math.inf)
+        # (posinf kept: without a bound the allowance is infinite and the residual rules)
+        allow = np.nan_to_num((tol + gam) * kappa * zn / on + eps, nan=math.inf,
+                              posinf=math.inf)
     formula = (f"(tol + γ)·κ·||z*||/max(||o*||, {against.floor:g}) + ε, tol {tol:g}, "
                f"γ ≤ {float(gam.max()):.1e}, κ = {kappa:.4g} ({how}), ε ≤ {float(eps.max()):.1e}")
     if derived.outputs is not None:

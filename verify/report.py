@@ -50,13 +50,22 @@ class ReferenceInfo:
     """How the reference was obtained (solver, status, tolerances, starts) and whether it is
     usable (a failed or inaccurate solve is never compared)."""
 
-    kind: str  # cvxpy | numeric | local | corollary1 | inclusion | sam | none
+    #: the reference: ``cvxpy``, ``numeric``, ``local``, ``corollary1``, ``inclusion``,
+    #: ``sam`` or ``none`` (docs/theory.md §9)
+    kind: str
+    #: what the reference computes, in words
     description: str
+    #: the solver that computed it (e.g. ``CLARABEL``, ``L-BFGS-B``)
     solver: str = ""
+    #: the solver's status per sample
     statuses: list[str] = field(default_factory=list)
+    #: the solver's tolerances, by name
     tolerances: dict[str, Any] = field(default_factory=dict)
+    #: starts of a multi-start (local or numeric) reference
     starts: int = 1
+    #: False when the reference failed or is not accurate enough to compare with
     ok: bool = True
+    #: why the reference is not usable (when ``ok`` is False)
     failure: str = ""
 
     @property
@@ -83,21 +92,42 @@ class ReferenceInfo:
 class SampleResult:
     """Per-sample numbers (None: not applicable to this reference)."""
 
+    #: the sample's index in the batch
     index: int
+    #: ``||z − z_ref|| / max(||z_ref||, scale_floor)``: the layer's equilibrium against the
+    #: reference's state
     rel_error: float | None = None
+    #: ``||z − z_ref||``
     abs_error: float | None = None
+    #: the objective ``G`` at the layer's equilibrium
     objective: float | None = None
+    #: the objective at the reference's point
     reference_objective: float | None = None
-    gap: float | None = None  #: normalized ``(G(z) - G_ref) / max(1, |G_ref|)``
+    #: normalized ``(G(z) - G_ref) / max(1, |G_ref|)``
+    gap: float | None = None
+    #: the fixed-point residual ``||z − T(z)|| / max(1, ||z||)`` of the equilibrium verify
+    #: solved with the layer's map (tight tolerance)
     residual: float = math.nan
+    #: the objective's first-order optimality residual at the layer's equilibrium, measured
+    #: independently of the layer
     stationarity: float | None = None
+    #: the same residual at the reference's point
     reference_stationarity: float | None = None
+    #: the smallest eigenvalue of the objective's Hessian at the equilibrium (second-order
+    #: check of the local reference)
     lambda_min: float | None = None
+    #: the second-order check's verdict, in words
     second_order: str = ""
+    #: what the equilibrium was verified to be (``minimizer``, ``local minimizer``,
+    #: ``stationary point``, ...)
     label: str = ""
+    #: the reference solver's status for this sample
     status: str = ""
+    #: per-block residuals of a multi-block check (deep compositions: Theorem 2), by name
     block_residuals: dict[str, float] = field(default_factory=dict)
+    #: relative distance to the wide one-layer solution of Theorem 3 (deep models)
     theorem3_distance: float | None = None
+    #: what the check noticed for this sample, in words
     notes: list[str] = field(default_factory=list)
     #: state differs from the reference but objective and stationarity match (convex claims)
     argmin_not_unique: bool = False
@@ -109,12 +139,19 @@ class SampleResult:
 class GradientReport:
     """``dℓ/dx`` for ``ℓ(z) = Σ c·z``: every backward mode vs cvxpylayers and central FD."""
 
+    #: the loss differentiated, as text
     loss: str
+    #: relative error of ``dℓ/dx`` per comparison (e.g. ``"implicit vs cvxpylayers"``)
     errors: dict[str, float]
+    #: the comparisons that must be within ``tolerance`` for the check to pass
     required: list[str]
+    #: the tolerance of the required comparisons
     tolerance: float
+    #: how the cvxpylayers reference was obtained (or why it is absent)
     cvxpylayers: str
+    #: the step of the central finite differences
     fd_step: float
+    #: what the comparison noticed, in words
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -157,12 +194,19 @@ class ModuleJudgement:
 class EquilibriumInfo:
     """The layer's equilibrium solve (history: relative residual per iteration and sample)."""
 
+    #: the solver of verify's own tight equilibrium solve
     solver: str
+    #: its tolerance
     tol: float
+    #: iterations per sample
     iterations: list[int]
+    #: the largest relative residual over the samples
     max_residual: float
+    #: True if every sample reached ``tol``
     converged: bool
+    #: relative residual per sample (rows) and iteration (columns)
     history: np.ndarray
+    #: what the solve noticed, in words
     note: str = ""
 
 
@@ -170,25 +214,45 @@ class EquilibriumInfo:
 class Report:
     """Result of ``verify.check``; ``str(report)`` is a table, ``.passed`` the verdict."""
 
+    #: what was checked (the layer or module, in words)
     target: str
+    #: the claim's kind (``minimizer``, ``modified minimizer``, ``stationary point``, ...)
     claim: str
+    #: the claim in words
     claim_statement: str
+    #: what the equilibrium was verified to be (never ``minimizer`` without a certificate)
     label: str
+    #: the certificate at the checked weights, as one line
     certificate: str
+    #: True if the objective is certified convex at the checked weights
     certified: bool
+    #: the certificate's conditions that fail at the checked weights
     violated: list[str]
+    #: how the reference was obtained
     reference: ReferenceInfo
+    #: the tolerances the checks were judged against
     tolerances: Tolerances
+    #: per-sample numbers
     samples: list[SampleResult]
+    #: verify's own tight equilibrium solve
     equilibrium: EquilibriumInfo
+    #: the layer's equilibria, ``(B, N)``
     z_layer: np.ndarray
+    #: the reference's states, ``(B, N)`` (None where the reference gives no point)
     z_reference: np.ndarray | None = None
+    #: names of the state blocks, in the order of the stacked state
     block_names: list[str] = field(default_factory=list)
+    #: the gradient comparison (``check(..., gradients=True)``)
     gradients: GradientReport | None = None
+    #: why the check failed (empty when it passed)
     failures: list[str] = field(default_factory=list)
+    #: what the check noticed, in words
     notes: list[str] = field(default_factory=list)
+    #: each judged rule and whether it held
     pass_rules: dict[str, bool] = field(default_factory=dict)
+    #: wall seconds of the check
     elapsed: float = 0.0
+    #: the module's own forward judged against the verified point (docs/theory.md §9.5)
     module: ModuleJudgement | None = None
 
     # ------------------------------------------------------------------ verdict
@@ -417,23 +481,42 @@ class Report:
 class InclusionReport:
     """Result of ``verify.check_inclusion``: per-sample measures, failures and notes."""
 
+    #: what was checked (the layer or module, in words)
     target: str
+    #: the claim in words (the inclusion or saddle point the layer solves)
     claim: str
+    #: the monotonicity certificate, as one line
     certificate: str
+    #: the references computed (gap function, LCP, duality gap, best response)
     references: list[str]
+    #: the tolerance the measures are judged against
     tolerance: float
+    #: each measure per sample, by name (e.g. ``"gap"``, ``"lcp rel. error"``)
     measures: dict[str, list[float]] = field(default_factory=dict)
+    #: why the check failed (empty when it passed)
     failures: list[str] = field(default_factory=list)
+    #: what the check noticed, in words
     notes: list[str] = field(default_factory=list)
+    #: the layer's solutions, ``(B, N)``
     z_layer: np.ndarray | None = None
+    #: the reference's solutions where one gives a point
     z_reference: np.ndarray | None = None
+    #: verify's own tight solve of the layer
     equilibrium: EquilibriumInfo | None = None
+    #: the fixed-point residual ``||z − T(z)|| / max(1, ||z||)`` of verify's solution of the
+    #: layer's map, per sample
     residuals: list[float] = field(default_factory=list)
+    #: the claim's kind
     claim_kind: str = "inclusion"
+    #: True if the monotonicity certificate holds at the checked weights
     certified: bool = True
+    #: names of the state blocks, in the order of the stacked state
     block_names: list[str] = field(default_factory=list)
+    #: the solver of verify's tight solve
     solver: str = ""
+    #: wall seconds of the check
     elapsed: float = 0.0
+    #: the module's own forward judged against the verified point (docs/theory.md §9.5)
     module: ModuleJudgement | None = None
 
     @property
@@ -482,6 +565,7 @@ class InclusionReport:
                       elapsed=self.elapsed, module=self.module)
 
     def worst(self, name: str) -> float:
+        """The largest finite value of measure ``name`` over the samples (NaN if none)."""
         vals = [v for v in self.measures.get(name, []) if not math.isnan(v)]
         return max(vals) if vals else math.nan
 

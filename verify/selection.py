@@ -8,6 +8,7 @@ of this table; ``select_reference`` picks the first that applies::
     | deep composition                                     | deep (Corollary 1 / Theorem 2)        |
     | SAM module                                           | sam (Tikhonov path of argmin_Fix T R) |
     | not an objective                                     | unavailable (the check fails)         |
+    | fixed point of an iteration (state-dependent γ)      | iteration (residual, frozen γ)        |
     | non-convex claim, certificate violated, or ``local`` | local (never "minimizer")             |
     | convex claim, certified, ``numeric``                 | numeric                               |
     | convex claim, certified, ``auto``/``cvxpy``          | cvxpy (numeric if not DCP, ``auto``)  |
@@ -23,7 +24,7 @@ from .references.absent import NoReference, Unavailable
 from .references.base import Reference, Situation
 from .references.cvxpy import CvxpyReference
 from .references.deep import DeepReference
-from .references.local import LocalReference
+from .references.local import IterationReference, LocalReference
 from .references.numeric import NumericReference
 from .references.sam import SamReference
 
@@ -35,8 +36,8 @@ REQUESTS = ("auto", "cvxpy", "numeric", "local")
 
 #: reference kind → implementation, in the order of the table (the first that applies is used)
 REFERENCE_KINDS: dict[str, Reference] = {r.kind: r for r in (
-    NoReference(), DeepReference(), SamReference(), Unavailable(), LocalReference(),
-    NumericReference(), CvxpyReference())}
+    NoReference(), DeepReference(), SamReference(), Unavailable(), IterationReference(),
+    LocalReference(), NumericReference(), CvxpyReference())}
 
 
 def select_reference(s: Situation) -> str:

@@ -50,6 +50,10 @@ class Adjoint(LinOp):
         """The symbols of ``A``."""
         return op_symbols(self.A)
 
+    def transpose_text(self, latex: bool = False) -> str:
+        """``(Aᵀ)ᵀ`` displays as ``A``."""
+        return self.A.latex() if latex else str(self.A)
+
     @property
     def T(self) -> Any:
         """``(Aᵀ)ᵀ = A`` (the wrapped operator itself)."""

@@ -219,6 +219,11 @@ class LinOp:
     def __str__(self) -> str:
         return self.name
 
+    def transpose_text(self, latex: bool = False) -> str:
+        """Display of ``Aᵀ`` (derivations print gradients ``Aᵀ(…)``)."""
+        base = str(self) if self.atomic else f"({self})"
+        return f"{self.latex()}^\\top" if latex else f"{base}ᵀ"
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}: {self.in_size} -> {self.out_size})"
 

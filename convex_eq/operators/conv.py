@@ -24,6 +24,7 @@ class _ConvNd(LinOp):
     """``A v = convNd(v, K)`` (cross-correlation, as torch) with ``groups``; ``Aᵀ`` =
     ``conv_transposeNd`` with the same weight, stride, padding and groups (its exact adjoint)."""
 
+    #: number of spatial axes: 1 for signals ``(C, L)``, 2 for images ``(C, H, W)``
     dims: int = 2
     _fwd: str  # torch.nn.functional's convolution and its adjoint, by name
     _bwd: str

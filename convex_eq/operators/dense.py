@@ -10,7 +10,7 @@ from .._algebra import register
 from .._lazy import torch
 from ..errors import ShapeError
 from ..symbols import Env, Symbol
-from .base import LinOp, finite_matrix, as_symbol, resolve_weight
+from .base import LinOp, as_symbol, finite_matrix, resolve_weight
 
 
 class Dense(LinOp):

@@ -18,7 +18,7 @@ import numpy as np
 from .._lazy import torch
 from ..errors import ScaleError, ShapeError
 from ..symbols import Env, Symbol
-from .base import LinOp, finite_matrix, as_symbol, resolve_weight, unique_symbols
+from .base import LinOp, as_symbol, finite_matrix, resolve_weight, unique_symbols
 
 
 def _square(W: Symbol, what: str) -> int:

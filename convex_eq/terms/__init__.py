@@ -2,9 +2,14 @@
 
 from .base import Condition, Curvature, QuadPart, StrongConvexity, Term
 from .conjugate import SeparableAffineConjugate
-from .coupling import ChannelDecorrelation, Coupling
+from .coupling import ChannelDecorrelation, Coupling, SmoothChannelDecorrelation
 from .decorrelation import BatchDecorrelation
-from .gaussian_kernel import GaussianKernel, InputBandwidth, PatchGaussianKernel
+from .gaussian_kernel import (
+    GaussianKernel,
+    InputBandwidth,
+    PatchGaussianKernel,
+    ResidualBandwidth,
+)
 from .hsic import HSIC
 from .incay import FeatureIncay
 from .l1 import L1, LinfBallIndicator
@@ -17,5 +22,6 @@ __all__ = [
     "ChannelDecorrelation", "Condition", "Coupling", "Curvature", "FeatureIncay",
     "GaussianKernel", "InputBandwidth", "Linear", "LinfBallIndicator", "MoreauEnvelope",
     "PatchGaussianKernel", "Potential", "PotentialConjugate", "QuadPart", "QuadraticForm",
-    "SeparableAffineConjugate", "SqNorm", "StrongConvexity", "Term", "gram", "moreau",
+    "ResidualBandwidth", "SeparableAffineConjugate", "SmoothChannelDecorrelation", "SqNorm",
+    "StrongConvexity", "Term", "gram", "moreau",
 ]

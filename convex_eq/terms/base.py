@@ -116,6 +116,8 @@ class Term:
     label: str = "term"
     #: curvature of f itself (before the coefficient), unconditional
     base_curvature: str = "unknown"
+    #: True if ``f`` is differentiable (the lowering may take a gradient step on it); False if
+    #: it is used through its prox or not at all
     smooth: bool = False
     #: True if the term couples samples of a batch (batch decorrelation)
     batch_coupled: bool = False
@@ -147,6 +149,26 @@ class Term:
         """``(text, LaTeX)`` definitions of parameters the term computes per sample from the
         inputs only (never a state), e.g. a bandwidth ``γ(x)``; the objective is then fixed per
         sample and lowering states them as a derivation step.  ``()`` by default."""
+        return ()
+
+    def state_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``(text, LaTeX)`` definitions of parameters the term recomputes from the state at
+        every evaluation while its gradient rule holds them fixed (GEQ's bandwidth
+        ``γ(x, z)``): the layer is then an iteration whose fixed points are not stationary
+        points of the objective, and lowering claims exactly that.  ``()`` by default."""
+        return ()
+
+    def frozen_at(self, values: Values, env: Env | None = None) -> list[Term]:
+        """One copy of the term per sample of ``values`` with its state-dependent parameters
+        (``state_parameters``) fixed at their values there: at a fixed point of the layer's
+        iteration, the terms of the objective that is stationary there.  Only for terms with
+        state parameters (a ``LoweringError`` otherwise)."""
+        raise LoweringError("the term has no state-dependent parameter to freeze",
+                            term=str(self), hint="only terms with state_parameters() have one")
+
+    def derivation_notes(self) -> tuple[str, ...]:
+        """Remarks on the layer this term's gradient rule gives, printed with the derivation's
+        stationarity step (e.g. a limit of a parameter).  ``()`` by default."""
         return ()
 
     def __init__(self, *args: Any):

@@ -117,9 +117,11 @@ class Coupling(_PairTerm):
         """Printable gradients ``P z_j`` and ``Pᵀ z_i`` (for derivations)."""
         ui, uj = self.args
         p = self._p_str(latex)
+        tt = getattr(self.P, "transpose_text", None)
+        pt = tt(latex) if tt is not None else (f"{p}^\\top" if latex else f"{p}ᵀ")
         if latex:
-            return [f"{p}\\,{_wrap(uj, True)}", f"{p}^\\top {_wrap(ui, True)}"]
-        return [f"{p} {_wrap(uj, False)}", f"{p}ᵀ {_wrap(ui, False)}"]
+            return [f"{p}\\,{_wrap(uj, True)}", f"{pt} {_wrap(ui, True)}"]
+        return [f"{p} {_wrap(uj, False)}", f"{pt} {_wrap(ui, False)}"]
 
     def quad_parts(self, env: Env | None = None) -> list[QuadPart]:
         """One quadratic summand ``coef·<u, P v>`` (for the objective's quadratic form)."""
@@ -204,12 +206,16 @@ class ChannelDecorrelation(_PairTerm):
         """A.e. gradient: ``sign`` of the off-diagonal correlations times the other argument's
         channels."""
         u, v, m = self._corr(us, env)
-        g = torch.sign(m)
-        g = g - torch.diag_embed(torch.diagonal(g, dim1=1, dim2=2))
+        g = self._weights(m)
         b = u.shape[0]
         gu = (g @ v).reshape(b, -1)
         gv = (g.transpose(1, 2) @ u).reshape(b, -1)
         return [gu, self.P.adjoint(gv, env)]
+
+    def _weights(self, m: torch.Tensor) -> torch.Tensor:
+        """``∂φ/∂M`` with a zero diagonal: ``sign(M)`` (``sign(0) = 0``) for ``φ = |·|``."""
+        g = torch.sign(m)
+        return g - torch.diag_embed(torch.diagonal(g, dim1=1, dim2=2))
 
     def grad(self, values: Values, env: Env | None = None) -> dict[str, torch.Tensor]:
         """The almost-everywhere gradient (``sign(0) = 0``) w.r.t. each state block."""
@@ -252,3 +258,67 @@ class ChannelDecorrelation(_PairTerm):
         ui, uj = self.args
         return (f"Σ_k1 Σ_k2≠k1 |<{_wrap(ui, False)}^(k1), "
                 f"({self._p_str(False)} {_wrap(uj, False)})^(k2)>|")
+
+
+class SmoothChannelDecorrelation(ChannelDecorrelation):
+    """``D_ε(z_i, z_j) = Σ_{k1} Σ_{k2≠k1} φ_ε(⟨z_i^{(k1)}, (P z_j)^{(k2)}⟩)``, ``φ_ε`` the Huber
+    function of width ``ε`` (``m²/(2ε)`` for ``|m| ≤ ε``, ``|m| − ε/2`` beyond): the channel
+    decorrelation with ``|·|`` smoothed, ``φ_ε ≤ |·| ≤ φ_ε + ε/2`` (docs/theory.md §3 row 4).
+
+    Its gradient is that of :class:`ChannelDecorrelation` with ``sign(M)`` replaced by the
+    continuous ``clip(M/ε, −1, 1)``, so the MOptEq layer built on it is continuous (the sign
+    version jumps where a correlation changes sign and need not have a fixed point).  ``∇D_ε``
+    is Lipschitz on bounded sets only (the correlations are bilinear): no global bound
+    (``grad_lipschitz`` is ``inf``); the multi-branch lowering derives the bound on the ball
+    the layer maps into itself."""
+
+    label = "channel decorrelation (Huber-smoothed)"
+    smooth = True
+    almost_everywhere_grad = False
+
+    def __init__(self, z_i: Any, z_j: Any, P: Any = None, channels: int | None = None, *,
+                 width: float = 1.0):
+        w = float(width)
+        if not (w > 0 and w < float("inf")):
+            raise ShapeError(f"width ε = {width} must be a finite number > 0",
+                             term=f"SmoothChannelDecorrelation({z_i}, {z_j})",
+                             hint="ε is the Huber width of the smoothed |·| (e.g. 1.0)")
+        self.width = w
+        super().__init__(z_i, z_j, P, channels)
+
+    def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
+        """``Σ_{k1≠k2} φ_ε(M_{k1k2})`` per sample."""
+        _, _, m = self._corr(us, env)
+        a, e = m.abs(), self.width
+        h = torch.where(a <= e, 0.5 * m * m / e, a - 0.5 * e)
+        return h.sum(dim=(1, 2)) - torch.diagonal(h, dim1=1, dim2=2).sum(dim=-1)
+
+    def _weights(self, m: torch.Tensor) -> torch.Tensor:
+        g = torch.clamp(m / self.width, -1.0, 1.0)
+        return g - torch.diag_embed(torch.diagonal(g, dim1=1, dim2=2))
+
+    def grad(self, values: Values, env: Env | None = None, wrt: str = "state"
+             ) -> dict[str, torch.Tensor]:
+        """``∇D_ε`` w.r.t. each state block (``wrt="input"``: each input), by the chain rule."""
+        return Term.grad(self, values, env, wrt)
+
+    subgradient = grad
+
+    def raw_curvature(self) -> Curvature:
+        """Unknown: a sum of Huber functions of bilinear forms is neither convex nor concave."""
+        return Curvature("unknown",
+                         reason="the smoothed channel decorrelation Σφ_ε(⟨z_i^(k1), "
+                         "(P z_j)^(k2)⟩) is neither convex nor concave")
+
+    def raw_latex(self) -> str:
+        """LaTeX of ``D_ε(z_i, z_j)`` (without the coefficient)."""
+        ui, uj = self.args
+        return (f"\\sum_{{k_1}}\\sum_{{k_2 \\ne k_1}} \\phi_{{{self.width:g}}}\\big(\\langle "
+                f"{_wrap(ui, True)}^{{(k_1)}}, ({self._p_str(True)} {_wrap(uj, True)})^{{(k_2)}}"
+                "\\rangle\\big)")
+
+    def raw_str(self) -> str:
+        """Plain-text formula ``D_ε(z_i, z_j)`` (without the coefficient)."""
+        ui, uj = self.args
+        return (f"Σ_k1 Σ_k2≠k1 huber_{self.width:g}(<{_wrap(ui, False)}^(k1), "
+                f"({self._p_str(False)} {_wrap(uj, False)})^(k2)>)")

@@ -38,85 +38,68 @@ the Hessian is block diagonal over the disjoint patches, with blocks
 than ``[q, wz]``) keeps this bound valid even if ``q`` also depends on a state: with two
 arguments the joint Hessian ``[[Hs, -Hs], [-Hs, Hs]]`` has twice the norm.
 
-Input-dependent bandwidth ``γ(x)`` (``gamma=InputBandwidth(c, statistic)``, docs/theory.md §3.1):
+Bandwidth rules (``gamma=InputBandwidth(c, statistic)`` or ``ResidualBandwidth(c, statistic)``,
+docs/theory.md §3.1–3.2), per sample (a batch-wide statistic would make one sample's output
+depend on the others in its batch) and differentiated through (no stop-gradient):
 
-    ``γ(x) = c / max(m(x), floor)``,  ``m(x) = stat_i ||q̃_i W_h||²``  (``W_h = I``, one patch,
-    for the whole kernel), ``stat`` ∈ {min, median, mean} over the patches of ``q`` only.
+    ``γ(x) = c / max(stat_i ||q̃_i W_h||², floor)`` (the input part only) or
+    ``γ(x, z) = c / max(stat_i ||r̃_i W_h||², floor)`` (the residual at the current state;
+    ``W_h = I``, one patch, for the whole kernel).
 
-GEQ's own rule, ``γ = 0.2 / min_i ||(x̃_i − z̃_i)W_h||²``, reads the state: with ``γ(z)`` the
-expression ``(1/(2γ(z)))Σ e^{−γ(z)||·||²}`` is still a function of ``z``, but the layer
-``σ(e^{−γ||r||²}Wᵀr)`` is no longer its stationarity map (``∇γ(z)`` terms are missing), so the
-fixed point is not a stationary point of any stated objective; that rule is refused
-(``InputBandwidth(of="residual")`` raises ``OptionError``).  ``γ(x)`` is GEQ's rule evaluated
-at ``z = 0`` (the solvers' start): it depends on the sample only, so ``G(·; x)`` is one fixed
-objective per sample, the lowering holds sample by sample, and neither the contraction bound
-(``Lip(∇_r S) ≤ ||W_h||₂²`` for every ``γ > 0``) nor the claim depend on its value.  The term
-then has a second argument ``q`` (no state): ``∂S/∂q`` at fixed ``r`` is
-``(∂S/∂γ)(∂γ/∂q)``, ``∂S/∂γ = −(1/(2γ)) Σ_i e^{−γ n_i}(1/γ + n_i)``, ``n_i = ||r̃_i W_h||²``, and
-``∂γ/∂q = −(c/m²)·∂m/∂q`` (0 where the floor is active), ``∂||q̃_i W_h||²/∂q̃_i = 2q̃_i W_h W_hᵀ``.
+``γ(x)`` is GEQ's rule evaluated at ``z = 0`` (the solvers' start): it depends on the sample
+only, so ``G(·; x)`` is one fixed objective per sample, the lowering holds sample by sample, and
+neither the contraction bound (``Lip(∇_r S) ≤ ||W_h||₂²`` for every ``γ > 0``) nor the claim
+depend on its value.  The term then has a second argument ``q`` (no state): ``∂S/∂q`` at fixed
+``r`` is ``(∂S/∂γ)(∂γ/∂q)``, ``∂S/∂γ = −(1/(2γ)) Σ_i e^{−γ n_i}(1/γ + n_i)``,
+``n_i = ||r̃_i W_h||²``, and ``∂γ/∂q = −(c/m²)·∂m/∂q`` (0 where the floor is active),
+``∂||q̃_i W_h||²/∂q̃_i = 2q̃_i W_h W_hᵀ``.
+
+``γ(x, z)`` is GEQ's rule as the paper runs it: the term keeps one argument ``r`` and its
+gradient rule evaluates ``∇_r S`` at ``γ`` frozen at ``γ(r)`` — GEQ's iteration, not the gradient
+of the term's value ``(1/(2γ(r)))Σ_i e^{−γ(r)n_i}`` (which has the extra ``(∂S/∂γ)∇_r γ``).  The
+term says so (``state_parameters``), lowering claims a fixed point of the iteration, and no
+Lipschitz bound is given (``∂γ/∂r`` grows without bound as ``min_i n_i → 0``).  At a fixed point
+``z*`` the layer is a stationary point of the same term with ``γ`` fixed at ``γ(r*)``
+(:meth:`at_bandwidth`), which is how verify judges it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .._lazy import torch
 from ..affine import Affine, as_affine
-from ..errors import NotDCPError, OptionError, ScaleError, ShapeError
+from ..errors import LoweringError, NotDCPError, OptionError, ScaleError, ShapeError
 from ..export import ExportContext
 from ..symbols import Constant, Env, Scalar, Symbol, Weight, scalar_coef
 from .base import Curvature, Term, require_states
 
-_REASON = "Gaussian kernel term is neither convex nor concave"
-
-
-def _as_symbol(x: Any, prefix: str) -> Symbol:
-    """An array as a Constant with a generated unique name (``W_h0``, ``W_h1``, ...)."""
-    from ..operators.base import as_symbol
-
-    return as_symbol(x, prefix=prefix)
-
-
-_STATISTICS = ("min", "median", "mean")
+STATISTICS = ("min", "median", "mean")
 
 
 @dataclass(frozen=True)
-class InputBandwidth:
-    """``γ(x) = c / max(stat_i ||q̃_i W_h||², floor)``: a bandwidth from the input part ``q`` of
-    the kernel's argument, per sample (module docstring; docs/theory.md §3.1).
-
-    ``statistic="min"`` is GEQ's rule ``γ = 0.2/min_i||(x̃_i − z̃_i)W_h||²`` at ``z = 0``;
-    ``"median"`` the median heuristic over the patches.  ``of="residual"`` (the rule on
-    ``q − Wz``, which reads the state) is refused: the layer would not be the stationarity map
-    of any objective."""
+class _PatchStatistic:
+    """``γ = c / max(stat_i n_i, floor)`` (shared validation and evaluation)."""
 
     c: float = 0.2
     statistic: str = "min"
     floor: float = 1e-12
-    of: str = "input"
 
-    def __post_init__(self) -> None:
-        if self.of == "residual":
-            raise OptionError(
-                "a bandwidth γ(z) computed from the residual q − Wz depends on the state: "
-                "σ(e^{−γ||r||²}Wᵀr) is then not ∇ of (1/(2γ(z)))e^{−γ(z)||r||²} (the ∇γ(z) terms "
-                "are missing), so the equilibrium is a stationary point of no stated objective",
-                term="InputBandwidth", hint="use of='input' (GEQ's rule at z = 0: one fixed "
-                "objective per sample) or a fixed γ")
-        if self.of != "input":
-            raise OptionError(f"of={self.of!r} is not a bandwidth source", term="InputBandwidth",
-                              hint="of='input'")
-        if self.statistic not in _STATISTICS:
-            raise OptionError(f"statistic {self.statistic!r} is not one of {_STATISTICS}",
-                              term="InputBandwidth", hint="statistic='min' or 'median'")
+    #: the arguments of ``γ`` (printed as ``γ(x)`` or ``γ(x, z)``)
+    arguments: ClassVar[str] = "x"
+
+    def _validate(self, term: str) -> None:
+        if self.statistic not in STATISTICS:
+            raise OptionError(f"statistic {self.statistic!r} is not one of {STATISTICS}",
+                              term=term, hint="statistic='min' (GEQ's rule) or 'median'")
         if not (math.isfinite(self.c) and self.c > 0 and math.isfinite(self.floor)
                 and self.floor > 0):
             raise ScaleError(f"c = {self.c:g} and floor = {self.floor:g} must be positive and "
-                             "finite", term="InputBandwidth")
+                             "finite", term=term)
 
     def gamma(self, m: torch.Tensor) -> torch.Tensor:
         """``γ = c / max(m, floor)`` from the per-sample statistic ``m`` ``(B,)``."""
@@ -130,32 +113,114 @@ class InputBandwidth:
         m, idx = (n.min(dim=-1) if self.statistic == "min" else n.median(dim=-1))
         return m, torch.zeros_like(n).scatter_(-1, idx[:, None], 1.0)
 
-    def text(self, q: Any, wh: str | None) -> str:
-        """``γ(x) = c/max(stat_i ||[q]_i W_h||², floor)`` as text."""
-        pw = "" if wh is None else f" {wh}"
-        arg = f"||[{q}]_i{pw}||²" if wh is not None else f"||{q}||²"
-        stat = f"{self.statistic}_i " if wh is not None else ""
-        return f"γ(x) = {self.c:g}/max({stat}{arg}, {self.floor:g})"
+    def of_norms(self, n: torch.Tensor) -> torch.Tensor:
+        """``γ`` ``(B,)`` from the per-patch squared norms ``n`` ``(B, P)``."""
+        return self.gamma(self.statistic_of(n)[0])
 
-    def latex(self, q: Any, wh: str | None) -> str:
+    def text(self, v: Any, wh: str | None) -> str:
+        """``γ(·) = c/max(stat_i ||[v]_i W_h||², floor)`` as text."""
+        pw = "" if wh is None else f" {wh}"
+        arg = f"||[{v}]_i{pw}||²" if wh is not None else f"||{v}||²"
+        stat = f"{self.statistic}_i " if wh is not None else ""
+        return f"γ({self.arguments}) = {self.c:g}/max({stat}{arg}, {self.floor:g})"
+
+    def latex(self, v: Any, wh: str | None) -> str:
         """LaTeX of :meth:`text`."""
         pw = "" if wh is None else f"\\, {wh}"
-        arg = f"\\|[{q}]_i{pw}\\|^2" if wh is not None else f"\\|{q}\\|^2"
+        arg = f"\\|[{v}]_i{pw}\\|^2" if wh is not None else f"\\|{v}\\|^2"
         stat = f"\\operatorname{{{self.statistic}}}_i " if wh is not None else ""
-        return (f"\\gamma(x) = \\frac{{{self.c:g}}}{{\\max({stat}{arg},\\ "
+        return (f"\\gamma({self.arguments}) = \\frac{{{self.c:g}}}{{\\max({stat}{arg},\\ "
                 f"{self.floor:g})}}")
+
+    @property
+    def symbol_text(self) -> str:
+        """``γ(x)`` or ``γ(x, z)``."""
+        return f"γ({self.arguments})"
+
+    @property
+    def symbol_latex(self) -> str:
+        """LaTeX of :attr:`symbol_text`."""
+        return f"\\gamma({self.arguments})"
+
+
+@dataclass(frozen=True)
+class InputBandwidth(_PatchStatistic):
+    """``γ(x) = c / max(stat_i ||q̃_i W_h||², floor)``: a bandwidth from the input part ``q``
+    of the kernel's argument, per sample (module docstring; docs/theory.md §3.1).
+
+    ``statistic="min"`` is GEQ's rule evaluated at ``z = 0`` (where the solvers start);
+    ``"median"`` the median heuristic over the patches.  ``of="residual"`` is refused: GEQ's rule
+    on ``q − Wz`` is :class:`ResidualBandwidth`, whose claim differs."""
+
+    of: str = "input"
+
+    def __post_init__(self) -> None:
+        if self.of == "residual":
+            raise OptionError(
+                "a bandwidth γ(z) computed from the residual q − Wz depends on the state: "
+                "σ(e^{−γ||r||²}Wᵀr) is then not ∇ of (1/(2γ(z)))e^{−γ(z)||r||²} (the ∇γ(z) terms "
+                "are missing), so the equilibrium is a stationary point of no stated objective",
+                term="InputBandwidth", hint="use ResidualBandwidth for GEQ's iteration (its "
+                "claim: a fixed point of that iteration), or of='input' (GEQ's rule at z = 0: "
+                "one fixed objective per sample)")
+        if self.of != "input":
+            raise OptionError(f"of={self.of!r} is not a bandwidth source", term="InputBandwidth",
+                              hint="of='input', or ResidualBandwidth for the residual")
+        self._validate("InputBandwidth")
+
+
+@dataclass(frozen=True)
+class ResidualBandwidth(_PatchStatistic):
+    """GEQ's rule ``γ(x, z) = c / max(stat_i ||(x̃_i − z̃_i)W_h||², floor)`` on the residual
+    ``r = q − Wz`` at the current state, recomputed at every application of ``T`` (module
+    docstring; docs/theory.md §3.2).  The claim of a layer with it is "fixed point of the
+    iteration", never "stationary point"."""
+
+    arguments: ClassVar[str] = "x, z"
+
+    def __post_init__(self) -> None:
+        self._validate("ResidualBandwidth")
+
+
+#: what a kernel's ``gamma`` may be besides a number or a Scalar
+BANDWIDTH_RULES = (InputBandwidth, ResidualBandwidth)
+
+_REASON = "Gaussian kernel term is neither convex nor concave"
+
+
+def _as_symbol(x: Any, prefix: str) -> Symbol:
+    """An array as a Constant with a generated unique name (``W_h0``, ``W_h1``, ...)."""
+    from ..operators.base import as_symbol
+
+    return as_symbol(x, prefix=prefix)
+
+
+def _limit_note(layer: str, feedback: str, through: str, limit: str, where: str = "") -> str:
+    """The kernel factor → 1 limit of a Gaussian-kernel layer, which is not OptEq's."""
+    return (f"at kernel factor 1 (γ → 0) the layer reads σ({layer}){where}: inhibitory feedback "
+            f"−{feedback}z, the input only through {through}; that is not OptEq's σ(WᵀWz + q) "
+            f"(the limit objective Σf_σ(z) + ½||z||² + ½{limit} is convex; docs/theory.md "
+            "§3.2)")
 
 
 class _GammaMixin:
-    """Shared handling of the bandwidth ``γ > 0`` (float, Scalar or an ``InputBandwidth``)."""
+    """Shared handling of the bandwidth ``γ > 0``: a float, a Scalar, an ``InputBandwidth``
+    (``γ(x)``) or a ``ResidualBandwidth`` (``γ(x, z)``, GEQ's iteration)."""
 
-    gamma: float | Scalar | InputBandwidth
+    gamma: float | Scalar | InputBandwidth | ResidualBandwidth
     args: list[Affine]
+    scale: float
+    scalars: tuple[Scalar, ...]
 
     @property
     def input_gamma(self) -> InputBandwidth | None:
         """The ``InputBandwidth`` rule when ``γ = γ(x)``, else None."""
         return self.gamma if isinstance(self.gamma, InputBandwidth) else None
+
+    @property
+    def state_gamma(self) -> ResidualBandwidth | None:
+        """The ``ResidualBandwidth`` rule when ``γ = γ(x, z)``, else None."""
+        return self.gamma if isinstance(self.gamma, ResidualBandwidth) else None
 
     def _input_part(self, q: Affine | None) -> Affine:
         """``q`` of ``r = q − Wz`` for an input bandwidth (a ``ShapeError`` if absent or if it
@@ -176,13 +241,39 @@ class _GammaMixin:
         return g[:, 0, :]
 
     def _gamma_at(self, us: list[torch.Tensor], env: Env | None) -> Any:
-        """``γ``: a float, or ``(B, 1)`` from the evaluated input part ``us[1]``."""
-        ib = self.input_gamma
-        if ib is None:  # checked, then read as a tensor when γ is a learnable Scalar
+        """``γ``: a float, or ``(B, 1)`` from the evaluated input part ``us[1]`` (``γ(x)``) or
+        the residual ``us[0]`` (``γ(x, z)``)."""
+        rule = self.input_gamma or self.state_gamma
+        if rule is None:  # checked, then read as a tensor when γ is a learnable Scalar
             return scalar_coef(self.gamma, env) if self.gamma_value(env) else 0.0
-        n, _ = self._patch_norms(us[1], env)
-        m, _ = ib.statistic_of(n)
-        return ib.gamma(m)[:, None]
+        n, _ = self._patch_norms(us[1] if rule is self.input_gamma else us[0], env)
+        return rule.of_norms(n)[:, None]
+
+    def bandwidth(self, values: Any, env: Env | None = None) -> torch.Tensor:
+        """``γ`` per sample ``(B,)`` at flat batched ``values`` (states and inputs); a fixed
+        ``γ`` repeated."""
+        us = [a.evaluate(values, env) for a in self.args]
+        g = self._gamma_at(us, env)
+        if isinstance(g, torch.Tensor) and g.ndim == 2:
+            return g[:, 0]
+        return torch.full((us[0].shape[0],), float(g), dtype=us[0].dtype, device=us[0].device)
+
+    def frozen_at(self, values: Any, env: Env | None = None) -> list[Term]:
+        """Per sample, the term at ``γ`` fixed at its value at ``values`` (``γ(x, z)`` only)."""
+        if self.state_gamma is None:
+            return Term.frozen_at(self, values, env)  # type: ignore[arg-type]
+        with torch.no_grad():
+            return [self.at_bandwidth(float(g)) for g in self.bandwidth(values, env)]
+
+    def at_bandwidth(self, gamma: float) -> Term:
+        """The same term (arguments, coefficient) with ``γ`` fixed at ``gamma``: at a fixed point
+        of GEQ's iteration, the objective whose stationary point it is (module docstring)."""
+        t = self._rebuilt(float(gamma))
+        t.scale, t.scalars = self.scale, self.scalars
+        return t
+
+    def _rebuilt(self, gamma: float) -> Any:
+        raise NotImplementedError
 
     def _q_grad(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
         """``∂S/∂q`` at fixed ``r`` (module docstring): ``(∂S/∂γ)(∂γ/∂q)``."""
@@ -198,13 +289,32 @@ class _GammaMixin:
         dm_dq = self._unpatch_grad(2.0 * w[..., None] * yq, env)
         return ds_dg * dg_dm * dm_dq
 
+    def grad(self, values: Any, env: Env | None = None, wrt: str = "state"
+             ) -> dict[str, torch.Tensor]:
+        """The gradient rule (module docstring); with ``γ(x, z)`` only ``wrt="state"``: GEQ's
+        iteration has no objective to differentiate in the input (a ``LoweringError``)."""
+        if wrt != "state" and self.state_gamma is not None:
+            raise LoweringError(
+                "with γ(x, z) recomputed from the state (GEQ's iteration) the layer is not the "
+                "stationarity map of this term, so ∇_x of it is no input gradient of the layer's "
+                "objective", term=str(self),
+                hint="use InputBandwidth (γ(x): one fixed objective per sample) or a fixed γ")
+        return Term.grad(self, values, env, wrt)  # type: ignore[arg-type]
+
+    def _lipschitz(self, lip: float) -> list[float]:
+        """``[Lip(∇_r S)]`` (``inf`` for ``γ(x, z)``), and ``0`` for the state-free ``q``."""
+        if self.state_gamma is not None:
+            return [math.inf]
+        return [lip] if self.input_gamma is None else [lip, 0.0]
+
     def gamma_value(self, env: Env | None = None) -> float:
-        """Current ``γ`` (ScaleError naming the term unless positive and finite); an input
-        bandwidth has no single value (a ``ScaleError`` that says so)."""
+        """Current ``γ`` (ScaleError naming the term unless positive and finite); a bandwidth
+        rule has no single value (a ``ScaleError`` that says so)."""
         g = self.gamma
-        if isinstance(g, InputBandwidth):
-            raise ScaleError("γ = γ(x) depends on the sample: it has no single value",
-                             term=str(self), hint="read it per sample from the term's value")
+        if isinstance(g, InputBandwidth | ResidualBandwidth):
+            raise ScaleError(f"γ = {g.symbol_text} depends on the sample: it has no single "
+                             "value", term=str(self), hint="read it per sample with "
+                             ".bandwidth(values)")
         v = g.check(float(g.resolve(env)), term=str(self)) if isinstance(g, Scalar) else float(g)
         if not (math.isfinite(v) and v > 0):
             raise ScaleError(f"γ = {v:g} must be positive", term=str(self),
@@ -213,17 +323,30 @@ class _GammaMixin:
 
     def _gamma_str(self, latex: bool) -> str:
         g = self.gamma
-        if isinstance(g, InputBandwidth):
-            return "\\gamma(x)" if latex else "γ(x)"
+        if isinstance(g, InputBandwidth | ResidualBandwidth):
+            return g.symbol_latex if latex else g.symbol_text
         if isinstance(g, Scalar):
             return g.latex() if latex else g.name
         return f"{float(g):g}"
 
+    def _rule_definition(self, wh: str | None, wh_latex: str | None
+                         ) -> tuple[tuple[str, str], ...]:
+        """``((text, LaTeX),)`` of the bandwidth rule on the vector it reads (q or r)."""
+        rule = self.input_gamma or self.state_gamma
+        if rule is None:
+            return ()
+        v = self.args[1] if rule is self.input_gamma else self.args[0]
+        return ((rule.text(v, wh), rule.latex(v.latex(), wh_latex)),)
+
     def _labelled(self, kind: str) -> str:
-        """``kind``, with the definitions of the input parameters (a certificate built from the
-        labels then names every symbol the terms print)."""
+        """``kind``, with the definitions of the per-sample parameters (a certificate built
+        from the labels then names every symbol the terms print)."""
         defs = "; ".join(text for text, _ in self.input_parameters())
-        return kind if not defs else f"{kind} [{defs}, per sample, from the input only]"
+        if defs:
+            return f"{kind} [{defs}, per sample, from the input only]"
+        defs = "; ".join(text for text, _ in self.state_parameters())
+        return kind if not defs else (f"{kind} [{defs}, per sample, recomputed from the state "
+                                      "in every iteration]")
 
     def _reason(self) -> str:
         """Why the term is not convex."""
@@ -246,12 +369,13 @@ class GaussianKernel(_GammaMixin, Term):
 
     @property
     def label(self) -> str:  # type: ignore[override]
-        """"Gaussian kernel", with the definition of ``γ(x)`` when it is input-dependent."""
+        """"Gaussian kernel", with the definition of ``γ(x)`` / ``γ(x, z)`` when it is a rule."""
         return self._labelled("Gaussian kernel")
     base_curvature = "unknown"
     smooth = True
 
-    def __init__(self, r: Any, gamma: float | Scalar | InputBandwidth = 1.0):
+    def __init__(self, r: Any,
+                 gamma: float | Scalar | InputBandwidth | ResidualBandwidth = 1.0):
         self.gamma = gamma
         r = as_affine(r)
         self._r_text = str(r)
@@ -259,7 +383,11 @@ class GaussianKernel(_GammaMixin, Term):
             super().__init__(r, self._input_part(r.offset_part))
         else:
             super().__init__(r)
-            self.gamma_value(None)
+            if not isinstance(gamma, ResidualBandwidth):
+                self.gamma_value(None)
+
+    def _rebuilt(self, gamma: float) -> GaussianKernel:
+        return GaussianKernel(self.args[0], gamma)
 
     def _name(self) -> str:
         return f"GaussianKernel({self._r_text})"
@@ -274,14 +402,18 @@ class GaussianKernel(_GammaMixin, Term):
 
     def input_parameters(self) -> tuple[tuple[str, str], ...]:
         """``γ(x)`` with its definition (text, LaTeX) when the bandwidth is input-dependent."""
-        ib = self.input_gamma
-        if ib is None:
-            return ()
-        q = self.args[1]
-        return ((ib.text(q, None), ib.latex(q.latex(), None)),)
+        return self._rule_definition(None, None) if self.input_gamma is not None else ()
+
+    def state_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``γ(x, z)`` with its definition (text, LaTeX) for GEQ's iteration."""
+        return self._rule_definition(None, None) if self.state_gamma is not None else ()
+
+    def derivation_notes(self) -> tuple[str, ...]:
+        """The kernel factor → 1 limit (docs/theory.md §3.2)."""
+        return (_limit_note("Wᵀ(q − Wz)", "WᵀW", "Wᵀ", "||q − Wz||²"),)
 
     def raw_value(self, us: list[torch.Tensor], env: Env | None) -> torch.Tensor:
-        """``S(r) = (1/(2γ)) exp(−γ||r||²)`` per sample."""
+        """``S(r) = (1/(2γ)) exp(−γ||r||²)`` per sample (``γ = γ(r)`` for the residual rule)."""
         g = self._gamma_at(us, env)
         r = us[0]
         if isinstance(g, torch.Tensor) and g.ndim == 2:  # per sample (γ(x))
@@ -289,16 +421,17 @@ class GaussianKernel(_GammaMixin, Term):
         return torch.exp(-g * (r * r).sum(dim=-1)) / (2.0 * g)
 
     def raw_grad(self, us: list[torch.Tensor], env: Env | None) -> list[torch.Tensor | None]:
-        """``∇_r S = −e^{−γ||r||²} r`` (and ``∂S/∂q`` through ``γ(x)``, module docstring)."""
+        """``∇_r S = −e^{−γ||r||²} r`` (and ``∂S/∂q`` through ``γ(x)``; at ``γ`` frozen at
+        ``γ(r)`` for the residual rule: module docstring)."""
         g = self._gamma_at(us, env)
         r = us[0]
         gr = -torch.exp(-g * (r * r).sum(dim=-1, keepdim=True)) * r
         return [gr] if self.input_gamma is None else [gr, self._q_grad(us, env)]
 
     def raw_grad_lipschitz(self, env: Env | None) -> list[float]:
-        """``Lip(∇_r S) = 1`` for every ``γ > 0`` (the Hessian's eigenvalues lie in
-        ``[−1, 2e^{−3/2}]``); ``q`` holds no state."""
-        return [1.0] if self.input_gamma is None else [1.0, 0.0]
+        """``Lip(∇_r S) = 1`` for every fixed ``γ > 0`` (the Hessian's eigenvalues lie in
+        ``[−1, 2e^{−3/2}]``); ``q`` holds no state; none for ``γ(x, z)``."""
+        return self._lipschitz(1.0)
 
     def grad_text(self, latex: bool = False) -> list[str | None]:
         """Printable gradient ``−exp(−γ||r||²)·r`` (for derivations)."""
@@ -342,12 +475,14 @@ class PatchGaussianKernel(_GammaMixin, Term):
 
     @property
     def label(self) -> str:  # type: ignore[override]
-        """"patch Gaussian kernel", with the definition of ``γ(x)`` when input-dependent."""
+        """"patch Gaussian kernel", with the definition of ``γ(x)`` / ``γ(x, z)`` when a rule."""
         return self._labelled("patch Gaussian kernel")
     base_curvature = "unknown"
     smooth = True
 
-    def __init__(self, q: Any, wz: Any, gamma: float | Scalar, patch: int | tuple[int, int],
+    def __init__(self, q: Any, wz: Any,
+                 gamma: float | Scalar | InputBandwidth | ResidualBandwidth,
+                 patch: int | tuple[int, int],
                  W_h: Any, image_shape: tuple[int, ...] | None = None, *,
                  channel_split: int | None = None):
         self.q: Affine = as_affine(q)
@@ -367,7 +502,12 @@ class PatchGaussianKernel(_GammaMixin, Term):
             super().__init__(self.q - self.wz, self._input_part(self.q))
         else:
             super().__init__(self.q - self.wz)
-            self.gamma_value(None)
+            if not isinstance(gamma, ResidualBandwidth):
+                self.gamma_value(None)
+
+    def _rebuilt(self, gamma: float) -> PatchGaussianKernel:
+        return PatchGaussianKernel(self.q, self.wz, gamma, self.patch_hw, self.W_h,
+                                   self.image_shape, channel_split=self.channel_split)
 
     def _name(self) -> str:
         return f"PatchGaussianKernel({self.q}, {self.wz})"
@@ -464,11 +604,21 @@ class PatchGaussianKernel(_GammaMixin, Term):
 
     def input_parameters(self) -> tuple[tuple[str, str], ...]:
         """``γ(x)`` with its definition (text, LaTeX) when the bandwidth is input-dependent."""
-        ib = self.input_gamma
-        if ib is None:
+        if self.input_gamma is None:
             return ()
-        q = self.args[1]
-        return ((ib.text(q, self.W_h.name), ib.latex(q.latex(), self.W_h.latex())),)
+        return self._rule_definition(self.W_h.name, self.W_h.latex())
+
+    def state_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``γ(x, z)`` with its definition (text, LaTeX) for GEQ's iteration."""
+        if self.state_gamma is None:
+            return ()
+        return self._rule_definition(self.W_h.name, self.W_h.latex())
+
+    def derivation_notes(self) -> tuple[str, ...]:
+        """The kernel factor → 1 limit (docs/theory.md §3.2)."""
+        wh = self.W_h.name
+        return (_limit_note("Wᵀ P_h (q − Wz)", "WᵀP_hW", "WᵀP_h", f"Σ_i||(x̃_i − z̃_i){wh}||²",
+                            f", P_h = blockdiag_i({wh}{wh}ᵀ) over the patches"),)
 
     def _patch_norms(self, v: torch.Tensor, env: Env | None) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.patches(v) @ self._wh(env, v)  # (B, P, h)
@@ -501,7 +651,7 @@ class PatchGaussianKernel(_GammaMixin, Term):
         ``q`` holds no state."""
         wh = self.W_h.resolve(env).detach().cpu().numpy().astype(np.float64)
         lip = float(np.linalg.norm(wh, 2)) ** 2
-        return [lip] if self.input_gamma is None else [lip, 0.0]
+        return self._lipschitz(lip)
 
     def raw_curvature(self) -> Curvature:
         """Unknown: the patch Gaussian kernel is neither convex nor concave."""
@@ -528,3 +678,7 @@ class PatchGaussianKernel(_GammaMixin, Term):
         (ph, pw), cs = self.patch_hw, self.channel_split
         chans = "" if cs == self.image_shape[0] else f"{cs}-channel "
         return f"{chans}{ph}×{pw}"
+
+
+__all__ = ["BANDWIDTH_RULES", "STATISTICS", "GaussianKernel", "InputBandwidth",
+           "PatchGaussianKernel", "ResidualBandwidth"]

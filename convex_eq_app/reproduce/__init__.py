@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,30 +38,44 @@ def select(only: Sequence[str] | None = None) -> list[str]:
 
 def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "cpu",
         workers: int = 1, only: Sequence[str] | None = None, resume: bool = False,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        log: Callable[[str], None] = print, seeds: Sequence[int] | None = None,
+        epochs: int | None = None, progress: bool = True, argv: list[str] | None = None
+        ) -> dict[str, Any]:
     """Run the selected claims (all by default) and write the report into ``out``; returns
     ``{"verdicts", "measurements", "seconds", "out"}``.  ``resume``: reuse the runs an earlier
     invocation with the same budget finished into ``out/runs.jsonl`` (every finished run is
-    appended there)."""
+    appended there); ``seeds``/``epochs`` override the budget's (the report states them);
+    ``progress``: a bar counting the epochs of all runs; ``argv``: the command line recorded in
+    the report (default: this process's).  Each trained model's ``state_dict`` is written to
+    ``out/checkpoints/``."""
     import torch
 
+    from convex_eq_app.errors import output_dir
+    from convex_eq_app.provenance import collect
     from convex_eq_app.training import resolve_device
 
     dev = str(resolve_device(device))
     budget = (Budget.quick_budget if quick else Budget.full)(device=dev, workers=workers)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if seeds:
+        budget = replace(budget, seeds=tuple(int(s) for s in seeds))
+    if epochs is not None:
+        budget = replace(budget, epochs=int(epochs))
+    out = output_dir(out)
+    prov = collect(argv, dev)
     keys = select(only)
     exps = list(dict.fromkeys(CLAIMS[k].experiment for k in keys))
     t0, load0 = time.perf_counter(), os.getloadavg()
     threads = 1 if dev == "cpu" else torch.get_num_threads()
+    if quick:
+        log(SMOKE)
     log(f"reproduce ({'quick' if quick else 'full'}): {len(keys)} claims, "
         f"{len(exps)} experiments, seeds {budget.seeds}, {budget.epochs} epochs, device {dev}")
     specs = [s for e in exps for s in EXPERIMENTS[e].runs(budget)]
     cache_file = out / "runs.jsonl"
     if not resume and cache_file.exists():
         cache_file.unlink()
-    results = execute(specs, budget, log, RunCache(cache_file, budget))
+    results = execute(specs, budget, log, RunCache(cache_file, budget), progress=progress,
+                      checkpoints=out)
     measurements = {e: EXPERIMENTS[e].summarize(budget, results) for e in exps}
     verdicts = {k: CLAIMS[k].judge(measurements[CLAIMS[k].experiment]) for k in keys}
     plots = {}
@@ -73,23 +87,38 @@ def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "c
            "torch_threads": threads, "torch": torch.__version__, "device": dev,
            "runs": len(results.by_key), "workers": budget.workers,
            "reused_runs": len(results.reused), "reused_seconds": sum(results.reused)}
-    (out / "reproduce.md").write_text(report(budget, keys, verdicts, measurements, plots, env))
+    (out / "reproduce.md").write_text(report(budget, keys, verdicts, measurements, plots, env,
+                                             prov), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(
-        {"budget": asdict(budget), "environment": env,
+        {"kind": "reproduce", "provenance": prov, "budget": asdict(budget), "environment": env,
+         "columns": COLUMNS, "claims": {k: {"statement": CLAIMS[k].statement,
+                                            "source": CLAIMS[k].source,
+                                            "paper": CLAIMS[k].paper} for k in keys},
          "verdicts": {k: asdict(v) for k, v in verdicts.items()},
          "measurements": measurements, "runs": {repr(k): v for k, v in results.by_key.items()}},
-        indent=1, default=_json))
+        indent=1, default=_json), encoding="utf-8")
+    if quick:
+        log(SMOKE)
     log(table(keys, verdicts))
-    log(f"wrote {out / 'reproduce.md'} (+ {len(plots)} plots, results.json) in {seconds:.0f} s")
+    log(f"wrote {out / 'reproduce.md'} (+ {len(plots)} plots, results.json, checkpoints/) in "
+        f"{seconds:.0f} s")
     return {"verdicts": verdicts, "measurements": measurements, "seconds": seconds,
             "out": str(out)}
 
 
-def _reused(env: dict[str, Any]) -> str:
-    if not env["reused_runs"]:
-        return ""
-    return (f" ({env['reused_runs']} runs reused from an earlier invocation, their own "
-            f"training + evaluation {env['reused_seconds']:.0f} s)")
+SMOKE = ("SMOKE RUN (--quick): one seed, one epoch, 12-wide layers on 384 signals. It runs "
+         "every claim's code; its verdicts are not evidence.")
+
+#: what each column of the claim table means
+COLUMNS = {
+    "claim": "the paper's statement, as tested here",
+    "paper, table/figure": "where the paper states it",
+    "paper's number": "the paper's number, quoted as printed (its data sets and model sizes)",
+    "measured here": "the same quantity on MNIST-1D in miniature: mean ± sample standard "
+                     "deviation over the seeds",
+    "holds?": "the verdict of the criterion fixed before measuring: yes; no; or no (within "
+              "seed spread), when the measured difference is smaller than the seed spread",
+}
 
 
 def _json(o: Any) -> Any:
@@ -98,42 +127,32 @@ def _json(o: Any) -> Any:
     return str(o)
 
 
-def _cell(text: str) -> str:
-    """Markdown table cell: pipes escaped (``||z||`` would split the row)."""
-    return text.replace("|", "\\|")
-
-
 def table(keys: Sequence[str], verdicts: dict[str, Verdict]) -> str:
     """``claim | paper, table/figure | paper's number | measured here | holds?``."""
-    rows = ["| claim | paper, table/figure | paper's number | measured here | holds? |",
-            "|---|---|---|---|---|"]
-    for k in keys:
-        c, v = CLAIMS[k], verdicts[k]
-        rows.append("| " + " | ".join(_cell(t) for t in (
-            c.statement, c.source, c.paper, v.measured, f"**{v.holds}**")) + " |")
-    return "\n".join(rows)
+    from convex_eq_app.results import claims_table
+
+    claims = {k: {"statement": CLAIMS[k].statement, "source": CLAIMS[k].source,
+                  "paper": CLAIMS[k].paper} for k in keys}
+    return claims_table(keys, claims, {k: asdict(verdicts[k]) for k in keys})
 
 
 def report(budget: Budget, keys: Sequence[str], verdicts: dict[str, Verdict],
-           measurements: dict[str, Any], plots: dict[str, str | None], env: dict[str, Any]
-           ) -> str:
-    """The Markdown report (table, setup, criteria, plots)."""
-    mode = "quick (CI smoke run: one seed, one epoch — not evidence)" if budget.quick else "full"
-    data = (f"MNIST-1D (generated locally by the mnist1d package), "
-            f"{budget.train or 4000} train / {budget.test or 1000} test signals")
+           measurements: dict[str, Any], plots: dict[str, str | None], env: dict[str, Any],
+           prov: dict[str, Any] | None = None) -> str:
+    """The Markdown report (provenance, setup, table, column definitions, criteria, plots)."""
+    from convex_eq_app.provenance import column_lines, header_lines
+    from convex_eq_app.results import reproduce_setup
+
     lines = [
         "# convex-eq reproduce: the papers' claims in miniature", "",
-        f"Mode: {mode}. Data: {data}. Seeds: {', '.join(map(str, budget.seeds))} (mean ± sample "
-        f"std over seeds). Training: Adam lr {budget.lr:g}, cosine schedule, {budget.epochs} "
-        f"epochs, batch {budget.batch}; dense layers of width {budget.width}. Device "
-        f"{env['device']}, torch {env['torch']}, {env['torch_threads']} torch thread(s) per "
-        f"run, {env['workers']} worker process(es); {env['runs']} trained models; wall time "
-        f"{env['seconds']:.0f} s{_reused(env)}; load average {env['load_start'][0]:.1f} at the "
-        f"start, {env['load_end'][0]:.1f} at the end.", "",
+        *header_lines(prov or {}, smoke=budget.quick),
+        reproduce_setup(asdict(budget), env), "",
         "A claim holds when its criterion (fixed before measuring) is met: a difference counts "
         "only when it is larger than the seed standard deviation of either side; "
         "'no (within seed spread)' means the measured difference is smaller than that.", "",
-        table(keys, verdicts), "", "## Criteria", "",
+        table(keys, verdicts), "", *column_lines(COLUMNS),
+        "Trained weights (`state_dict`) of every run: `checkpoints/` beside this report.", "",
+        "## Criteria", "",
     ]
     for k in keys:
         lines.append(f"- `{k}`: {CLAIMS[k].criterion}.")

@@ -12,51 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from convex_eq.errors import OptionError
 
+from ..configs import Budget
+
 #: the verdicts a claim can get (the "holds?" column)
 YES, NO, WITHIN, NOT_MEASURED = "yes", "no", "no (within seed spread)", "not measured"
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Sizes of one reproduce run.  ``seeds``: training seeds where a claim compares numbers;
-    ``epochs``/``batch``/``lr``: Adam with a cosine schedule; ``width``: state size of the dense
-    layers; ``train``/``test``: samples used (None: all); ``workers``: training processes."""
-
-    quick: bool
-    seeds: tuple[int, ...]
-    epochs: int
-    width: int
-    batch: int = 128
-    lr: float = 1e-2
-    train: int | None = None
-    test: int | None = None
-    device: str = "cpu"
-    workers: int = 1
-    dataset: str = "mnist1d"
-
-    @classmethod
-    def full(cls, device: str = "cpu", workers: int = 1) -> Budget:
-        """The full run: 3 seeds, 15 epochs, 64-wide dense layers, all of MNIST-1D."""
-        return cls(quick=False, seeds=(0, 1, 2), epochs=15, width=64, device=device,
-                   workers=workers)
-
-    def reduced(self) -> Budget:
-        """The budget of the costly multi-branch runs: at most 8 epochs on at most 1000
-        training signals (the test set is unchanged)."""
-        return replace(self, epochs=min(self.epochs, 8), train=min(self.train or 1000, 1000))
-
-    @classmethod
-    def quick_budget(cls, device: str = "cpu", workers: int = 1) -> Budget:
-        """The CI smoke run: one seed, one epoch, 12-wide layers, 384 train / 200 test
-        samples.  Its verdicts exercise the code, they are not evidence."""
-        return cls(quick=True, seeds=(0,), epochs=1, width=12, train=384, test=200,
-                   device=device, workers=workers)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -140,24 +139,24 @@ def _geq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
 @register_model("mopteq")
 def _mopteq(kw: dict[str, Any], b: Budget, seed: int) -> nn.Module:
     """MOptEq (:func:`convex_eq.models.conv_mopteq`): two 1-D conv branches of ``max(2, w/16)``
-    channels at scales 1 and 2 (kernels 3 and 7), ``λ = 0.05``, ``||W_i||₂`` bounded so that the
-    smooth quadratic part stays convex with the coupling (the MNIST-1D table's branches);
-    ``fusion`` ``"HD"`` | ``"H"`` | ``"none"`` (POptEq); ``pe`` > 0: trained with the
-    perturbation-enhanced cascade of that ε (:func:`lowering.perturbation.cascade`; off in
-    evaluation)."""
+    channels at scales 1 and 2 (kernels 3 and 7), ``λ = 0.05``, ``||W_i||₂ ≤ ζ`` as in the
+    MNIST-1D table; ``fusion`` ``"HD"`` | ``"H"`` | ``"none"`` (POptEq); ``pe`` > 0: the
+    perturbation-enhanced layer of that ε (:func:`lowering.perturbation_enhanced`)."""
     import lowering
     from convex_eq import models
+    from convex_eq_app.configs import TableConfig
     from convex_eq_app.table import branch_bounds
-    from lowering.perturbation import cascade
     from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
     pe, fusion = float(kw.get("pe", 0.0)), str(kw.get("fusion", "HD"))
     obj = models.conv_mopteq(image=(1, SIGNAL), channels=max(2, b.width // 16), kernels=(3, 7),
                              scales=(1, 2), lam=0.05, fusion=fusion, seed=seed,
                              branch_inputs=pe > 0)
-    return EquilibriumClassifier(lowering.lower(obj),
-                                 TrainingSettings(weight_bounds=branch_bounds(fusion)),
-                                 pool="none", cascade=cascade(obj, pe) if pe > 0 else None)
+    layer = lowering.lower(obj)
+    if pe > 0:
+        layer = lowering.perturbation_enhanced(layer, pe)
+    settings = TrainingSettings(weight_bounds=branch_bounds(TableConfig()))
+    return EquilibriumClassifier(layer, settings, pool="none")
 
 
 @register_model("mlp")
@@ -345,9 +344,12 @@ def _corruptions(model: nn.Module, b: Budget, spec: RunSpec) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- running
-def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
-    """Build, train (shared loop) and evaluate one run; returns its metrics (picklable).  A run
-    with the parameter ``reduced=True`` uses :meth:`Budget.reduced`."""
+def train_one(spec: RunSpec, budget: Budget, state: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    """Build, train (shared loop) and evaluate one run; returns its metrics (picklable) and
+    fills ``state`` with the trained model's ``state_dict`` when given.  A run with the
+    parameter ``reduced=True`` uses :meth:`Budget.reduced`."""
+    from convex_eq_app.progress import cpu_state, report_epoch
     from convex_eq_app.training import TrainConfig, fit
 
     if spec.kwargs.get("reduced"):
@@ -363,7 +365,8 @@ def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
     cfg = TrainConfig(epochs=budget.epochs, batch=budget.batch, lr=budget.lr, seed=spec.seed,
                       device=budget.device)
     data = flat(dataset(budget))
-    res = fit(model, data, cfg, spec.label())
+    res = fit(model, data, cfg, spec.label(),
+              on_epoch=lambda row: report_epoch(spec.label(), row))
     hist = res.history[-1] if res.history else {}
     steps = budget.epochs * math.ceil(len(data.y_train) / budget.batch)
     out: dict[str, Any] = {
@@ -377,6 +380,8 @@ def train_one(spec: RunSpec, budget: Budget) -> dict[str, Any]:
             raise OptionError(f"unknown evaluation {e!r}", term="reproduce",
                               hint=f"one of {sorted(EVALUATORS)}")
         out[e] = EVALUATORS[e](model, budget, spec)
+    if state is not None:
+        state.update(cpu_state(model))
     return _finite(out)
 
 
@@ -403,10 +408,6 @@ def merge(specs: Sequence[RunSpec]) -> list[RunSpec]:
         else:
             out[s.key] = s
     return list(out.values())
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)
 
 
 class RunCache:
@@ -440,16 +441,28 @@ class RunCache:
             f.write(json.dumps(e) + "\n")
 
 
-def _timed(spec: RunSpec, budget: Budget) -> tuple[dict[str, Any], float]:
+def _timed(job: tuple[RunSpec, Budget]) -> tuple[dict[str, Any], float, dict[str, Any]]:
+    spec, budget = job
     t0 = time.perf_counter()
-    m = train_one(spec, budget)
-    return m, time.perf_counter() - t0
+    state: dict[str, Any] = {}
+    m = train_one(spec, budget, state)
+    return m, time.perf_counter() - t0, state
+
+
+def epochs_of(spec: RunSpec, budget: Budget) -> int:
+    """Epochs run ``spec`` trains for (the reduced budget's for a ``reduced`` run)."""
+    return (budget.reduced() if spec.kwargs.get("reduced") else budget).epochs
 
 
 def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None] = print,
-            cache: RunCache | None = None) -> Results:
-    """Train every run not in ``cache`` (in ``budget.workers`` processes when > 1); logs one
-    line per run.  ``Results.reused_seconds``: the recorded wall seconds of the reused runs."""
+            cache: RunCache | None = None, progress: bool = True,
+            checkpoints: Path | None = None) -> Results:
+    """Train every run not in ``cache`` (in ``budget.workers`` processes when > 1, a progress
+    bar counting epochs); logs one line per run and, with ``checkpoints`` (a folder), writes
+    each trained model's ``state_dict`` to ``checkpoints/checkpoints/<run>.pt``.
+    ``Results.reused_seconds``: the recorded wall seconds of the reused runs."""
+    from convex_eq_app.progress import run_all, save_checkpoint
+
     cache = cache or RunCache(None, budget)
     results = Results()
     todo = []
@@ -463,22 +476,19 @@ def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None]
     if results.reused:
         log(f"reusing {len(results.reused)} finished runs from {cache.path}")
     t0 = time.perf_counter()
+    count = [0]
 
-    def done(i: int, spec: RunSpec, m: dict[str, Any], sec: float) -> None:
+    def done(job: tuple[RunSpec, Budget], res: tuple[dict[str, Any], float, dict]) -> None:
+        spec, (m, sec, state) = job[0], res
+        count[0] += 1
         results.by_key[spec.key] = m
         cache.put(spec, m, sec)
-        log(f"[{i:3d}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {spec.label()}: "
+        if checkpoints is not None:
+            save_checkpoint(state, checkpoints, spec.label())
+        log(f"[{count[0]:3d}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {spec.label()}: "
             f"acc {100 * m['accuracy']:.1f} % ({m['train_time']:.1f} s)")
 
-    if budget.workers <= 1:
-        for i, s in enumerate(todo, 1):
-            done(i, s, *_timed(s, budget))
-        return results
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(budget.workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futs = {pool.submit(_timed, s, budget): s for s in todo}
-        for i, f in enumerate(as_completed(futs), 1):
-            done(i, futs[f], *f.result())
+    run_all(_timed, [(s, budget) for s in todo], workers=budget.workers,
+            epochs=sum(epochs_of(s, budget) for s in todo), desc="reproduce",
+            enabled=progress, on_done=done)
     return results

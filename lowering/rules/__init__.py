@@ -11,6 +11,7 @@ from .deep import RULE as DEEP
 from .forward_backward import RULE as FORWARD_BACKWARD
 from .moreau_skip import GUARD as ENVELOPE_GUARD
 from .moreau_skip import RULE as MOREAU_SKIP
+from .multibranch import RULE as MULTIBRANCH
 from .precompose import RULE as PRECOMPOSE
 from .splitting import RULES as SPLITTING
 from .theorem1 import RULE as THEOREM1
@@ -18,7 +19,7 @@ from .theorem1 import RULE as THEOREM1
 #: the registry ``lower`` uses: deep compositions, precompositions and single envelopes first
 #: (they lower an inner objective), then the closed forms, then the generic fallback
 RULES = RuleRegistry((DEEP, PRECOMPOSE, MOREAU_SKIP, ENVELOPE_GUARD, THEOREM1, CLOSED_FORM,
-                      CANONICAL, FORWARD_BACKWARD, *SPLITTING))
+                      MULTIBRANCH, CANONICAL, FORWARD_BACKWARD, *SPLITTING))
 
 
 def register_rule(rule: Rule, *, before: str | None = None, after: str | None = None) -> Rule:

@@ -12,6 +12,7 @@ in closed form, ``prox_{f_σ + g} = σ ∘ prox_g``:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,7 @@ def _interval_potential(act: Activation) -> bool:
     return act.name in ("relu", "hardtanh", "clamp", "identity")
 
 
-def _fixes_zero(act: Activation) -> bool:
+def fixes_zero(act: Activation) -> bool:
     """``σ(0) = 0`` (exactly, up to float rounding of the activation's own formula)."""
     return abs(float(act.sigma(torch.zeros(1, dtype=torch.float64))[0])) <= 1e-12
 
@@ -73,7 +74,7 @@ def composes(act: Activation, g: Term) -> str:
     if _interval_potential(act):
         return (f"f_σ is the indicator of an interval ({act.name}) and {g} is separable: in 1-D, "
                 "prox_{ι_I + g} = proj_I ∘ prox_g")
-    if getattr(g, "sign_subdifferential", False) and _fixes_zero(act):
+    if getattr(g, "sign_subdifferential", False) and fixes_zero(act):
         return (f"{g} = c|·| coordinate-wise (∂g depends on the sign only) and σ = {act.name} "
                 "is nondecreasing with σ(0) = 0, so σ keeps the sign of soft_c(v): "
                 "prox_{f_σ + c|·|} = σ ∘ soft_c")
@@ -122,6 +123,14 @@ def match(obj: Any) -> CanonicalMatch | None:
     return CanonicalMatch(obj, pots, sqs, tuple(smooth_rest), extra)
 
 
+#: the condition of a state-dependent parameter's step (docs/theory.md §3.2)
+_ITERATION_CONDITION = (
+    "it reads the state z: every application of T recomputes it at the current z and holds it "
+    "fixed in ∇_z S, so T is that iteration and not the stationarity map of G (whose gradient "
+    "has the extra ∂S/∂γ·∇_z γ); a fixed point z* is a stationary point of G(·; x) with the "
+    "parameter frozen at its own value at z*, not of z ↦ G(z; x) with it varying")
+
+
 def lower(m: CanonicalMatch) -> DerivedLayer:
     obj = m.objective
     blocks = obj.states
@@ -141,7 +150,14 @@ def lower(m: CanonicalMatch) -> DerivedLayer:
         "the steps below and the claim hold sample by sample; Lip(∇S) does not depend on it",
         t, _Defined(text, tex),
     ) for t in rest for text, tex in t.input_parameters()]
+    state_params = [(text, tex) for t in rest for text, tex in t.state_parameters()]
+    steps += [Step("state-dependent parameter (recomputed in every iteration)",
+                   _ITERATION_CONDITION, t, _Defined(text, tex))
+              for t in rest for text, tex in t.state_parameters()]
     for b in blocks:
+        notes = "; ".join(["∇S assembled from the terms' own gradient rules",
+                           *(n for t in rest if any(s is b for s in t.states())
+                             for n in t.derivation_notes())])
         grad = GradSum(rest, b, sign=-1.0)
         act = m.potentials[b.name].act
         g = m.extra_prox.get(b.name)
@@ -154,14 +170,60 @@ def lower(m: CanonicalMatch) -> DerivedLayer:
                 note=f"exact: fixed points are stationary points of G including {g} "
                      "(no envelope)",
             ))
-        steps.append(Step(
-            "stationarity ⇔ fixed point (forward–backward, unit step)",
-            "0 ∈ ∂f_σ(z) + z − ∇S(z) ⇔ z = prox_{f_σ}(∇S(z)) = σ(∇S(z))",
-            ("0 ∈ ∂f_σ(", b, ") + ", b, " − ∇_", b, "S(z)"), (b, " = ", nodes[b.name]),
-            note="∇S assembled from the terms' own gradient rules",
-        ))
+        steps.append(_fixed_point_step(b, nodes[b.name], notes, bool(state_params)))
     cert = certificate(obj)
-    nonsmooth = [t for t in rest if not t.smooth]
+    l_sig = max(m.potentials[b.name].act.lipschitz for b in blocks)
+    if state_params:
+        claim, contraction = _iteration_claim(obj, state_params)
+    else:
+        claim = _stationary_claim(obj, cert, [t for t in rest if not t.smooth])
+        contraction = _contraction(m, rest, l_sig)
+    return DerivedLayer(source=obj, blocks=list(blocks), nodes=nodes,
+                        derivation=Derivation(tuple(steps)), claim=claim,
+                        contraction=contraction, is_prox=False, certificate=cert,
+                        payload=CanonicalPayload(m.rest, m.potentials))
+
+
+def _contraction(m: CanonicalMatch, rest: list[Term], l_sig: float) -> Contraction:
+    """``Lip(T) ≤ L_σ·Lip(∇S)``.  When every term of ``S`` reads one block only (independent
+    branches), ``∇S`` is block diagonal and its Lipschitz constant is the largest block's:
+    ``max_b L_{σ_b}·Σ_{t on b} Lip(∇t)`` (the norm of a block-diagonal Jacobian is its largest
+    block's); otherwise the sum over all terms."""
+    blocks = m.objective.states
+    own = {b.name: [t for t in rest if [s.name for s in t.states()] == [b.name]]
+           for b in blocks}
+    if len(blocks) > 1 and sum(len(v) for v in own.values()) == len(rest):
+        lsig = {b.name: m.potentials[b.name].act.lipschitz for b in blocks}
+        parts = ", ".join(f"{lsig[b.name]:g}·({sum_lip_text(own[b.name])})" for b in blocks)
+        return Contraction(
+            f"max_b L_σ·Lip(∇_b S) = max({parts}) (independent blocks)",
+            "\\max_b L_{\\sigma_b} \\cdot \\mathrm{Lip}(\\nabla_b S)",
+            lambda env, o=own, ls=lsig: max(ls[k] * sum(t.grad_lipschitz(env) for t in v)
+                                            for k, v in o.items()))
+    return Contraction(
+        f"L_σ·Lip(∇S) = {l_sig:g}·({sum_lip_text(rest)})",
+        "L_\\sigma \\cdot \\mathrm{Lip}(\\nabla S)",
+        lambda env, r=rest, ls=l_sig: ls * sum(t.grad_lipschitz(env) for t in r),
+    )
+
+
+def _fixed_point_step(b: Any, node: Any, notes: str, iteration: bool) -> Step:
+    """The step from stationarity (or, with a state-dependent parameter, from the iteration's
+    frozen-parameter gradient) to the fixed point of block ``b``."""
+    if iteration:
+        return Step(
+            "fixed point of the iteration (forward–backward, unit step, parameter frozen at z)",
+            "z = σ(∇_z S(z; γ)|_{γ = γ(x, z)}) ⇔ 0 ∈ ∂f_σ(z) + z − ∇_z S(z; γ̄) at γ̄ = γ(x, z)",
+            ("0 ∈ ∂f_σ(", b, ") + ", b, " − ∇_", b, "S(z; γ̄)"), (b, " = ", node), note=notes)
+    return Step(
+        "stationarity ⇔ fixed point (forward–backward, unit step)",
+        "0 ∈ ∂f_σ(z) + z − ∇S(z) ⇔ z = prox_{f_σ}(∇S(z)) = σ(∇S(z))",
+        ("0 ∈ ∂f_σ(", b, ") + ", b, " − ∇_", b, "S(z)"), (b, " = ", node), note=notes)
+
+
+def _stationary_claim(obj: Objective, cert: Any, nonsmooth: list[Term]) -> Claim:
+    """"minimizer of G" when certified convex, else "stationary point" (with the a.e.
+    gradients of non-smooth terms named)."""
     claim = claim_from_certificate(obj, cert, f"minimizer of G = {obj}",
                                    latex=f"\\text{{%s of }} {obj.latex()}")
     if nonsmooth and claim.kind != ClaimKind.MINIMIZER:
@@ -170,16 +232,27 @@ def lower(m: CanonicalMatch) -> DerivedLayer:
                       f"{', '.join(t.label for t in nonsmooth)}; not convex: {cert.reason})",
                       f"\\text{{stationary point of }} {obj.latex()}",
                       objective_text=str(obj))
-    l_sig = max(m.potentials[b.name].act.lipschitz for b in blocks)
+    return claim
+
+
+def _iteration_claim(obj: Objective, params: list[tuple[str, str]]
+                     ) -> tuple[Claim, Contraction]:
+    """The claim and (absent) contraction bound of a layer whose parameters are recomputed
+    from the state (docs/theory.md §3.2)."""
+    defs = "; ".join(text for text, _ in params)
+    claim = Claim(
+        ClaimKind.ITERATION,
+        f"fixed point of z = σ(∇_z S(z; γ)|_{{γ = γ(x, z)}}) with {defs} recomputed from the "
+        "current state in every iteration; a stationary point of G(·; x, γ̄), the objective "
+        f"{obj} with γ(x, z) held at its own value γ̄ = γ(x, z*), NOT a stationary point of "
+        "z ↦ G(z; x, γ(x, z)) (that gradient has the extra term ∂S/∂γ·∇_z γ)",
+        "\\text{fixed point of } z = \\sigma(\\nabla_z S(z;\\gamma)|_{\\gamma = "
+        f"\\gamma(x,z)}}),\\ {', '.join(tex for _, tex in params)}",
+        objective_text=str(obj))
     contraction = Contraction(
-        f"L_σ·Lip(∇S) = {l_sig:g}·({sum_lip_text(rest)})",
-        "L_\\sigma \\cdot \\mathrm{Lip}(\\nabla S)",
-        lambda env, r=rest, ls=l_sig: ls * sum(t.grad_lipschitz(env) for t in r),
-    )
-    return DerivedLayer(source=obj, blocks=list(blocks), nodes=nodes,
-                        derivation=Derivation(tuple(steps)), claim=claim,
-                        contraction=contraction, is_prox=False, certificate=cert,
-                        payload=CanonicalPayload(m.rest, m.potentials))
+        "∞ (no bound: γ(x, z) varies with the state, ∂γ/∂z unbounded as its patch statistic → 0)",
+        "\\text{none (state-dependent } \\gamma)", lambda env: math.inf)
+    return claim, contraction
 
 
 class Canonical:

@@ -30,9 +30,17 @@ class SolveConfig:
     The default ``"auto"`` runs plain iteration on small states while it converges fast and
     Anderson otherwise (:func:`lowering.runtime.solvers.auto.auto`; docs/theory.md §8)."""
 
+    #: forward fixed-point solver: ``"auto"`` (plain iteration on states under 256 entries
+    #: while it converges fast, Anderson otherwise, decided from the residuals), ``"anderson"``,
+    #: ``"plain"``, ``"broyden"``, or one added with ``lowering.register_solver``
+    #: (docs/theory.md §8)
     solver: str = "auto"
+    #: stop a sample when its relative residual ``||T(z) − z|| / ||T(z)||`` is at most ``tol``
     tol: float = 1e-6
+    #: iteration cap; a sample still above ``tol`` then returns its best iterate and is
+    #: reported by ``on_nonconvergence``
     max_iter: int = 100
+    #: keyword options passed to the solver (e.g. Anderson's memory ``m``)
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -48,13 +56,28 @@ class BackwardConfig:
     """Backward strategy (``implicit`` | ``phantom`` | ``unroll``) and its numerics.  The adjoint
     fixed point of ``implicit`` uses ``solver``/``tol``/``max_iter`` (None: the forward's)."""
 
+    #: ``"implicit"``: exact implicit differentiation (second order too; a third raises
+    #: ``OptionError``); ``"phantom"``: the gradient of the last ``phantom_steps`` damped
+    #: applications of ``T`` (first order only); ``"unroll"``: autograd through
+    #: ``unroll_steps`` iterations; or a strategy added with ``lowering.register_backward``
     mode: str = "implicit"
+    #: solver of the implicit adjoint fixed point (None: the forward's)
     solver: str | None = None
+    #: tolerance of the adjoint fixed point (None: the forward's)
     tol: float | None = None
+    #: iteration cap of the adjoint fixed point (None: the forward's)
     max_iter: int | None = None
+    #: the phantom gradient's number of steps ``k``
     phantom_steps: int = 1
+    #: the phantom gradient's damping, in ``(0, 1]``
     phantom_damping: float = 1.0
+    #: iterations unrolled by ``mode="unroll"`` (its forward is those iterations)
     unroll_steps: int = 20
+    #: how the adjoint system is solved: ``"direct"`` forms each sample's Jacobian and
+    #: LU-solves (residual measured with the true Jacobian; iterative fallback),
+    #: ``"iterative"`` runs the adjoint solver, ``"auto"`` is direct for small problems and,
+    #: with the adjoint solver ``"auto"``, conjugate gradients where the adjoint system is
+    #: symmetric (docs/theory.md §8)
     adjoint: str = "auto"
 
     def __post_init__(self) -> None:
@@ -86,11 +109,32 @@ class WeightControlConfig:
     condition, nothing otherwise), ``"spectral_norm"`` (differentiable rescaling by an upper
     bound of the norm), ``"project"`` (in-place rescaling of the stored parameter), None (off)."""
 
+    #: keeps every norm condition ``||A||₂ ≤ bound`` of the certificate during training:
+    #: ``"auto"`` is ``"spectral_norm"`` when the certificate has such a condition on a
+    #: trainable tensor and off otherwise; ``"spectral_norm"`` rescales the weight
+    #: differentiably by a guaranteed upper bound of its norm; ``"project"`` rescales the stored
+    #: parameter in place before a training forward; None turns it off
     mode: str | None = "auto"
+    #: the controlled norm stays at most ``bound − margin``
     margin: float = 0.01
+    #: extra bounds per weight name (``{"W": 1.0}``), kept like the certificate's
     bounds: dict[str, float] | None = None
+    #: weights reparametrised as ``W = g·V/||V||`` per output row or filter (weight
+    #: normalisation, :mod:`lowering.runtime.weight_control`); never also under norm control
+    normalized: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.normalized, str):
+            self.normalized = (self.normalized,)
+        self.normalized = tuple(self.normalized or ())
+        if not all(isinstance(n, str) for n in self.normalized):
+            raise OptionError(f"weight_normalization = {self.normalized!r} must name weights",
+                              term="torch_module", hint="e.g. weight_normalization=('W',)")
+        both = sorted(set(self.normalized) & set(self.bounds or {}))
+        if both:
+            raise OptionError(f"weight(s) {both} would be under two controls: weight_bounds "
+                              "(spectral-norm control) and weight_normalization",
+                              term="torch_module", hint="name each weight in one of them only")
         if self.mode not in CONTROL_MODES:
             raise OptionError(f"unknown weight_control {self.mode!r}", term="torch_module",
                               hint=f"use one of {CONTROL_MODES}")
@@ -104,14 +148,27 @@ class WeightControlConfig:
 
 @dataclass
 class ModuleConfig:
-    """Everything that configures an :class:`~lowering.module.EquilibriumModule`."""
+    """Everything that configures an :class:`~lowering.EquilibriumModule`: the forward solve,
+    the backward, weight control and the module-wide options (docs/guide.md, section 3)."""
 
+    #: the forward solve
     forward: SolveConfig = field(default_factory=SolveConfig)
+    #: the backward strategy and its adjoint solve
     backward: BackwardConfig = field(default_factory=BackwardConfig)
+    #: norm control of the weights during training
     weight_control: WeightControlConfig = field(default_factory=WeightControlConfig)
+    #: a sample that does not converge is never silent: ``"raise"`` a ``ConvergenceError`` or
+    #: ``"warn"``, naming the samples, the residual reached and the contraction estimate;
+    #: ``"mask"`` returns NaN for every failed sample and leaves it out of the backward.
+    #: NaN/Inf inputs or iterates raise ``NonFiniteError`` except under ``"mask"``
     on_nonconvergence: str = "raise"
+    #: select ``argmin_{Fix T} R`` among many equilibria with the SAM iteration
+    #: (docs/theory.md §6); it stops by ``SAMConfig``'s own ``tol`` and ``max_iter``, so the
+    #: forward's options are refused beside it
     sam: SAMConfig | None = None
+    #: dtype of the parameters and the solve (half precision is solved in float32)
     dtype: torch.dtype = torch.float32
+    #: make ``Constant`` symbols trainable too
     learnable_constants: bool = False
     #: inside ``torch.compile``: plain iterations (forward and adjoint, planned layers) run this
     #: many per compiled call (:class:`lowering.runtime.solvers.CompiledSteps`); 0 keeps the
@@ -194,6 +251,7 @@ FLAT_OPTIONS: dict[str, tuple[str | None, str]] = {
     "unroll_steps": ("backward", "unroll_steps"),
     "weight_control": ("weight_control", "mode"), "margin": ("weight_control", "margin"),
     "weight_bounds": ("weight_control", "bounds"),
+    "weight_normalization": ("weight_control", "normalized"),
     "on_nonconvergence": (None, "on_nonconvergence"), "sam": (None, "sam"),
     "dtype": (None, "dtype"), "learnable_constants": (None, "learnable_constants"),
     "compile_steps": (None, "compile_steps"), "warm_start": (None, "warm_start"),

@@ -40,6 +40,8 @@ from .weight_control import (
     certificate_conditions,
     kept_by,
     make_weight_control,
+    normalize_weights,
+    refuse_double_control,
     warn_uncontrolled,
 )
 
@@ -62,9 +64,11 @@ class EquilibriumModule(nn.Module):
         if cfg.on_nonconvergence == "mask":
             refuse_coupled_mask(self, term="torch_module")
         params.register_tensors(self, derived, cfg)
+        normalize_weights(self, cfg.weight_control.normalized)
         self.weight_control = make_weight_control(derived, cfg.weight_control,
                                                   list(self.weights.keys()),
                                                   lambda: params.raw_env(self))
+        refuse_double_control(cfg.weight_control.normalized, self.weight_control)
         warn_uncontrolled(derived, self.weight_control, list(self.weights.keys()),
                           self.trained_names())
         #: False once the node tree has been found to have no plan (lowering.runtime.plan)
@@ -331,9 +335,10 @@ class EquilibriumModule(nn.Module):
     def extra_repr(self) -> str:
         """State shapes, solver, backward, tolerance and weight control, for ``repr``."""
         wc = self.weight_control.mode if self.weight_control is not None else None
+        wn = getattr(self.config.weight_control, "normalized", ())
         return (f"state={[(b.name, b.shape) for b in self.blocks]}, solver={self.solver}, "
                 f"backward={self.backward}, tol={self.tol:g}, max_iter={self.max_iter}, "
-                f"weight_control={wc}")
+                f"weight_control={wc}" + (f", weight_normalization={wn}" if wn else ""))
 
 
 #: :meth:`EquilibriumModule._forward` itself, called while ``torch._dynamo`` is not loaded (its

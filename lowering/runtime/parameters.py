@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from convex_eq.errors import NonFiniteError, ShapeError
-from lowering.derived import DerivedLayer
+from lowering.derived import EDITS, DerivedLayer
 from lowering.lower import lower
 
 from .config import ModuleConfig
@@ -193,6 +193,7 @@ def pickled_state(m: Layer) -> dict[str, Any]:
         state["derived"] = None
         state["_relower_source"] = m.derived.source
         state["_relower_options"] = dict(getattr(m.derived, "lower_options", {}) or {})
+        state["_relower_edits"] = tuple(getattr(m.derived, "edits", ()))
     return state
 
 
@@ -201,9 +202,12 @@ def relowered(state: dict[str, Any]) -> DerivedLayer | None:
     (re-derived and checked against the saved fingerprint), else None."""
     source = state.pop("_relower_source", None)
     options = state.pop("_relower_options", {})
+    edits = state.pop("_relower_edits", ())
     if source is None:
         return None
     derived = lower(source, **options)
+    for name, opts in edits:
+        derived = EDITS[name](derived, **opts)
     if fingerprint(derived) != state.get("_fingerprint"):
         raise ShapeError("the unpickled layer re-derives to a different layer "
                          f"({fingerprint(derived)} ≠ {state.get('_fingerprint')})",

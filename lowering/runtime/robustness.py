@@ -121,12 +121,16 @@ def input_lipschitz(model: Any) -> float:
 def certified_radius(model: Any, x: torch.Tensor) -> Certification:
     """The certified ℓ2 radius of every sample of ``x`` (module docstring); evaluation mode,
     no gradient."""
-    if model.cascade is not None and model.training:
-        raise CertificateError("a perturbation cascade changes the inputs in training mode",
-                               term="certified_radius", hint="call model.eval() first")
+    for part, what in (("stem", "a stem before the layer"),
+                       ("fusion", "the average fusion of the branches")):
+        if getattr(model, part, None) is not None:
+            raise CertificateError(f"no Lipschitz constant is derived for {what}",
+                                   term="certified_radius",
+                                   hint=f"certify a classifier built without {part}=")
     model.eval()
     lx = input_lipschitz(model)
-    lp = max(pool_lipschitz(p, tuple(b.shape)) for p, b in zip(model.pools, model.eq.blocks))
+    blocks = model.eq.derived.output_blocks
+    lp = max(pool_lipschitz(p, tuple(b.shape)) for p, b in zip(model.pools, blocks))
     with torch.no_grad():
         logits = model(x).double()
         eps = model.eq.error_bound().to(logits.device)

@@ -22,11 +22,17 @@ from .solvers import SolverStats, Tracker, empty_stats, rel_residual
 class SAMConfig:
     """Selection objective ``R`` (convex, L_R-smooth, on the layer state) and the schedules."""
 
+    #: the selection objective ``R`` on the layer's state (a smooth term or an ``Objective``)
     R: Any
+    #: ``ρ`` of the schedule ``β_k = λ_k = ρ/k^c``
     rho: float = 0.1
+    #: ``c`` of the schedule (``ρ, c > 0``, ``ρ + 2c < 1``)
     c: float = 0.44
+    #: the step ``γ`` (None: ``1/(2L_R)``)
     gamma: float | None = None
+    #: SAM steps run (Theorem 5 is asymptotic: it runs them all)
     max_iter: int = 5000
+    #: the fixed-point residual of the returned point is reported converged at this tolerance
     tol: float = 1e-2
 
     def __post_init__(self) -> None:
@@ -40,12 +46,15 @@ class SAMConfig:
                 raise OptionError(f"SAM needs a smooth R; '{t}' is not", term="SAM")
 
     def lipschitz(self, env: Any = None) -> float:
+        """``L_R``: the Lipschitz constant of ``∇R`` at the weights ``env``."""
         return sum(t.grad_lipschitz(env) for t in self.R.terms)
 
     def step_size(self, env: Any = None) -> float:
+        """``γ``: the given step, else ``1/(2L_R)``."""
         return self.gamma if self.gamma is not None else 1.0 / (2.0 * self.lipschitz(env))
 
     def beta(self, k: int) -> float:
+        """``β_k = λ_k = ρ/k^c`` of step ``k`` (from 1)."""
         return self.rho / k ** self.c
 
 

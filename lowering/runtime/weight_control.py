@@ -14,6 +14,17 @@ the certificate (docs/guide.md, weight control).
 Modes: ``spectral_norm`` rescales functionally (differentiable); ``project`` rescales the stored
 parameter in place before each training forward.  The margin (default 0.01) also covers the
 power iteration's tolerance.
+
+Weight normalisation (``weight_normalization=(names)``, :func:`normalize_weights`) is the other
+control, MDEQ's and the GEQ paper's convergence device (docs/theory.md §3.2): ``W = g·V/||V||``,
+one gain per output row (dense) or output filter (convolution), by
+``torch.nn.utils.parametrizations.weight_norm`` on the module's weight dictionary.  ``V`` starts
+at the declared weight and ``g`` at its row norms, so the layer is unchanged at construction;
+training moves ``g`` and ``V`` (``state_dict`` holds them as
+``weights.parametrizations.<name>.original0/1``).  It bounds no operator norm, so a certified
+condition on a normalised weight is not kept by it, and no weight is put under both controls
+(:func:`refuse_double_control`: the spectral rescaling would silently undo the gains).
+Parametrized modules pickle only through ``state_dict`` (torch's own refusal says so).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.utils.parametrizations import weight_norm
 
 from convex_eq.errors import OptionError
 
@@ -354,6 +366,31 @@ def warn_uncontrolled(derived: Any, control: WeightControl | None, trainable: li
         UncontrolledConditionWarning, stacklevel=5)
 
 
+def normalize_weights(m: Any, names: Collection[str]) -> None:
+    """Reparametrise the weights ``names`` of module ``m`` as ``g·V/||V||`` (per output row or
+    filter); a name that is not a trainable weight of ``m`` is a typed error."""
+    known = list(m.weights.keys())
+    for name in names:
+        if name not in known:
+            raise OptionError(f"weight_normalization names '{name}', which is not a trained "
+                              "weight of this layer", term="torch_module",
+                              hint=f"trained weights: {known}")
+        weight_norm(m.weights, name, dim=0)
+
+
+def refuse_double_control(names: Collection[str], control: Any) -> None:
+    """A typed error when weight control also rescales a normalised weight."""
+    both = sorted(set(names) & {n for _, n, _ in (control.targets if control else [])})
+    if both:
+        raise OptionError(
+            f"weight(s) {both} would be under two controls: weight normalisation and "
+            f"spectral-norm weight control ({control.mode}, from the certificate's norm "
+            "conditions)", term="torch_module",
+            hint="pass weight_control=None (weight normalisation then controls them, and the "
+            "certificate's conditions on them are not kept), or drop them from "
+            "weight_normalization")
+
+
 class _FirstOrderNorm(torch.autograd.Function):
     """Identity on ``σ = uᵀAv``, whose derivative is exact to first order only: the
     singular pair ``u, v`` of ``σ = uᵀAv`` is held fixed, so ``d²σ`` misses the pair's own
@@ -394,11 +431,13 @@ def layer_terms(derived: Any) -> list[Any]:
 
 def _operator_for(derived: Any, name: str) -> Any:
     """The linear operator applying weight ``name`` (a Dense wrapper for plain matrices)."""
-    from convex_eq.operators import Compose, Dense
+    from convex_eq.operators import Adjoint, Compose, Dense
 
     def walk(op: Any) -> Any:
         if isinstance(op, Compose):
             return walk(op.A) or walk(op.B)
+        if isinstance(op, Adjoint):  # ||Aᵀ||₂ = ||A||₂: the weight of A is the one controlled
+            return walk(op.A)
         syms = op.symbols() if hasattr(op, "symbols") else []
         if len(syms) == 1 and syms[0].name == name and type(op).__name__ in ("Dense", "Conv1d",
                                                                               "Conv2d"):

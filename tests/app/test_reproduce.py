@@ -4,6 +4,8 @@ own (both can fail: see the crafted cases)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 
@@ -32,7 +34,35 @@ VERDICTS = {YES, NO, WITHIN, NOT_MEASURED}
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, object]:
     out = tmp_path_factory.mktemp("reproduce")
-    return reproduce.run(out, quick=True, log=lambda s: None), out
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        res = reproduce.run(out, quick=True, log=lambda s: None, seeds=[0], epochs=1,
+                            argv=["reproduce", "--quick", "--seed", "0", "--epochs", "1"])
+    res["stderr"] = err.getvalue()
+    return res, out
+
+
+def test_quick_report_states_provenance_smoke_and_columns(quick: tuple) -> None:
+    _, out = quick
+    md = (out / "reproduce.md").read_text()
+    head = md.split("| claim |")[0]
+    assert "Smoke run (`--quick`)" in head
+    for field in ("- date: ", "- commit: ", "- versions: ", "- machine: ",
+                  "- command: `convex-eq reproduce --quick --seed 0 --epochs 1`"):
+        assert field in head, field
+    defined = re.findall(r"^- \*\*(.+?)\*\*:", md, flags=re.M)
+    assert {"claim", "paper, table/figure", "paper's number", "measured here",
+            "holds?"} <= set(defined)
+    data = json.loads((out / "results.json").read_text())
+    assert data["kind"] == "reproduce" and data["provenance"]["command"].endswith("--epochs 1")
+
+
+def test_quick_run_shows_progress_and_saves_every_trained_model(quick: tuple) -> None:
+    res, out = quick
+    data = json.loads((out / "results.json").read_text())
+    trained = len(data["runs"])
+    assert len(list((out / "checkpoints").glob("*.pt"))) == trained
+    assert re.search(r"reproduce: 100%.* (\d+)/\1 \[", res["stderr"]), res["stderr"][-1500:]
 
 
 def test_quick_mode_judges_every_claim_and_writes_the_report(quick: tuple) -> None:

@@ -3,7 +3,11 @@ verified after training, and the baselines match the equilibrium model's paramet
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,10 +25,21 @@ def test_baselines_match_the_parameter_count(target: int) -> None:
     assert abs(n_params(T.cnn_with(target)) - target) <= 0.1 * target
 
 
-def test_quick_table_trains_and_verifies_every_model(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def quick_table(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]:
+    """The smoke run in this process, its progress bar captured."""
     cfg = T.TableConfig.quick_config()
     cfg.workers = 1
-    out = T.run(tmp_path, cfg, progress=False)
+    out = tmp_path_factory.mktemp("table")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        res = T.run(out, cfg, progress=True, argv=["train-table", "--quick"])
+    return res, out, err.getvalue()
+
+
+def test_quick_table_trains_and_verifies_every_model(quick_table: tuple) -> None:
+    out, tmp_path = quick_table[0], quick_table[1]
+    cfg = T.TableConfig.quick_config()
     names = [r.name for r in out["rows"]]
     assert names == [*T.EQ_MODELS, T.MLP, T.CNN]
     for r in out["rows"]:
@@ -37,6 +52,43 @@ def test_quick_table_trains_and_verifies_every_model(tmp_path: Path) -> None:
     text = (tmp_path / "table.md").read_text()
     assert "CNN (published by the MNIST-1D authors) | 94" in text
     assert len((tmp_path / "epochs.jsonl").read_text().splitlines()) == len(names) * cfg.epochs
+
+
+def test_quick_table_report_says_smoke_run_and_defines_its_columns(quick_table: tuple) -> None:
+    text = (quick_table[1] / "table.md").read_text()
+    head = text.split("| model |")[0]
+    assert "Smoke run (`--quick`)" in head and "must not be compared with published" in head
+    for field in ("- date: ", "- commit: ", "- versions: ", "- machine: ",
+                  "- command: `convex-eq train-table --quick`"):
+        assert field in head, field
+    header = next(line for line in text.splitlines() if line.startswith("| model |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    defined = re.findall(r"^- \*\*(.+?)\*\*:", text, flags=re.M)
+    for c in columns:  # "test acc. (%)" is defined as "acc. (%)" (test or validation)
+        assert any(c.endswith(d) for d in defined), c
+
+
+def test_quick_table_shows_progress(quick_table: tuple) -> None:
+    err = quick_table[2]
+    epochs = len(quick_table[0]["rows"]) * T.TableConfig.quick_config().epochs
+    assert re.search(rf"train-table: 100%.*{epochs}/{epochs} \[", err), err[-1500:]
+
+
+def test_checkpoints_reproduce_the_reported_accuracies(quick_table: tuple) -> None:
+    """Each saved ``state_dict`` loaded into a freshly built model gives the reported test
+    accuracy (recomputed here from the checkpoint alone; eval mode on one thread is
+    deterministic, so the count is exact)."""
+    res, out, _ = quick_table
+    cfg = T.TableConfig.quick_config()
+    data = T.table_data(cfg)
+    for r in res["rows"]:
+        model = T.build(r.name, cfg, data.shape, r.seed)
+        model.load_state_dict(torch.load(out / res["checkpoints"][(r.name, r.seed)]))
+        model.eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            correct = int((model(data.x_test).argmax(1) == data.y_test).sum())
+        assert correct / len(data.y_test) == r.result.accuracy, r.name
 
 
 def test_device_resolution() -> None:
@@ -56,7 +108,7 @@ def test_training_and_verification_on_cuda() -> None:
 
     cfg = T.TableConfig.quick_config()
     data = T.table_data(cfg)
-    for name in ("conv OptEq", "MOptEq (PE)", "GEQ (patch, channel split)"):
+    for name in ("conv OptEq", "MOptEq (smoothed D) + PE", "GEQ (multi-branch, paper's γ)"):
         model = T.build(name, cfg, data.shape, 0)
         res = fit(model, data, TrainConfig(epochs=1, device="cuda", shift=2), name)
         assert next(model.parameters()).device.type == "cuda"

@@ -96,9 +96,11 @@ def test_json_is_complete(quick_run: tuple[int, Path]) -> None:
     # relative): the cross-entropy of 10 classes at the start moves far less than 1e-2 (measured
     # ~2e-6); a torchdeq side on another layer or other weights differs by O(0.1) or more
     assert tr["first_loss_diff"] < 1e-2
-    # quick mode has no B = 256 cell: the nine targets (the compiled-module one included)
-    # without the B = 256 one, and the grid's information row (module plain / hand plain)
-    assert len(data["targets"]) == 10
+    # quick mode has no B = 256 cell: the eleven targets (the compiled-module, fixed-cost and
+    # weight-control ones included) without the B = 256 one, and the grid's information row
+    # (module plain / hand plain)
+    assert len(data["targets"]) == 12
+    assert any("weight_control=None per training step" in t["target"] for t in data["targets"])
     assert sum(t["met"] is None and t["target"].startswith("(information)")
                for t in data["targets"]) == 1
     assert any("torch.compile" in t["target"] for t in data["targets"])

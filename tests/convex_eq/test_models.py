@@ -1,5 +1,5 @@
 """Convolutional seed models on signals: conv deep OptEq, multi-scale conv MOptEq / POptEq, the
-resampling between branch scales and the perturbation-enhanced (PE) cascade."""
+resampling between branch scales and the perturbation-enhanced (PE) classifier."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import torch
 
 import lowering
 from convex_eq import models
-from convex_eq.errors import LoweringError, ShapeError
-from lowering.perturbation import cascade
+from convex_eq.errors import ShapeError
 from lowering.runtime.classifier import EquilibriumClassifier
 
 T64 = torch.float64
@@ -30,20 +29,23 @@ def test_signal_resampling_has_an_exact_adjoint() -> None:
 
 
 def test_popteq_branches_are_independent_conv_opteqs() -> None:
-    """POptEq (fusion 'none'): branch 1 is exactly a conv OptEq with branch 1's weights."""
+    """POptEq (fusion 'none'): branch 1, ``y = σ(W Wᵀ y + q)``, is exactly a conv OptEq
+    ``z = σ(VᵀV z + q)`` with ``V = W₁ᵀ``: as a convolution, the kernel flipped and its channel
+    axes swapped."""
     pop = lowering.lower(models.conv_mopteq(image=(1, 12), channels=3, kernels=(3, 5),
                                             scales=(1, 2), fusion="none"))
     one = lowering.lower(models.opteq(conv=(3, 3), image=(1, 12)))
     mp = pop.torch_module(tol=1e-12, max_iter=200, dtype=T64)
     mo = one.torch_module(tol=1e-12, max_iter=200, dtype=T64)
     with torch.no_grad():
-        for k in ("W", "U", "b"):
+        mo.weights["W"].copy_(mp.weights["W1"].flip(-1).transpose(0, 1))
+        for k in ("U", "b"):
             mo.weights[k].copy_(mp.weights[f"{k}1"])
     x = torch.randn(4, 1, 12, generator=torch.Generator().manual_seed(1), dtype=T64)
-    z1, z2 = mp(x)
-    assert z2.shape == (4, 3, 6)
+    y1, y2 = mp(x)
+    assert y2.shape == (4, 3, 6)
     # 1e-9: both solves stop at relative residual 1e-12 on a contraction of rate ≤ 0.81
-    assert torch.allclose(z1, mo(x), atol=1e-9)
+    assert torch.allclose(y1, mo(x), atol=1e-9)
 
 
 def test_fusion_couples_the_branches_and_the_layer_verifies() -> None:
@@ -72,38 +74,18 @@ def test_conv_deep_opteq_on_signals_verifies() -> None:
         models.deep_opteq(conv=(3, 5))
 
 
-def test_pe_cascade_feeds_the_previous_branch_perturbation() -> None:
-    # fusion H: smooth, so the solve reaches 1e-10 (the nonsmooth D term can stall Anderson)
-    obj = models.conv_mopteq(image=(1, 12), channels=2, branch_inputs=True, fusion="H")
-    pe = cascade(obj, 0.3)
-    assert pe.branches == ["x1", "x2"]
-    assert str(pe.perturbation).startswith("δ_x1 = 0.3·sign(conv(U1)ᵀ(z1)); δ_x2 = ")
-    m = lowering.lower(obj).torch_module(tol=1e-10, max_iter=300, dtype=T64)
-    x = torch.randn(3, 1, 12, generator=torch.Generator().manual_seed(4), dtype=T64)
-    z1, z2 = m({"x1": x, "x2": x})
-    states = {"z1": z1.reshape(3, -1), "z2": z2.reshape(3, -1)}
-    ins = pe.inputs(x, states, m.env())
-    u1 = obj.inputs[0]
-    assert u1.name == "x1"
-    # δ_1 = ε·sign(U_1ᵀ z_1): the transposed injection conv applied to z_1
-    w = m.env()["U1"]
-    ut_z1 = torch.nn.functional.conv_transpose1d(z1, w, padding=1).reshape(3, -1)
-    assert torch.equal(ins["x1"], x.reshape(3, -1))
-    assert torch.allclose(ins["x2"], x.reshape(3, -1) - 0.3 * torch.sign(ut_z1))
-    with pytest.raises(LoweringError, match="one input per branch"):
-        cascade(models.conv_mopteq(image=(1, 12), channels=2), 0.3)
-
-
-def test_classifier_trains_through_the_cascade_and_evaluates_clean() -> None:
+def test_pe_classifier_trains_and_differs_from_the_clean_layer() -> None:
+    """A PE classifier (MOptEq Algorithm 2 in every evaluation) trains, and with the same
+    weights it differs from the classifier of the clean layer (branch 2 reads x − δ_1)."""
     obj = models.conv_mopteq(image=(1, 12), channels=2, branch_inputs=True, fusion="H")
     d = lowering.lower(obj)
-    clf = EquilibriumClassifier(d, cascade=cascade(obj, 0.5))
+    torch.manual_seed(0)
+    clf = EquilibriumClassifier(lowering.perturbation_enhanced(d, 0.5))
+    torch.manual_seed(0)
     plain = EquilibriumClassifier(d)
-    plain.load_state_dict(clf.state_dict())
     x = torch.randn(5, 1, 12, generator=torch.Generator().manual_seed(5))
-    clf.eval()
-    plain.eval()
-    assert torch.equal(clf(x), plain(x))  # evaluation: clean shared input
-    clf.train()
-    plain.train()
-    assert not torch.allclose(clf(x), plain(x), atol=1e-4)  # training: perturbed branch 2
+    assert torch.equal(clf.fc.weight, plain.fc.weight)
+    assert not torch.allclose(clf(x), plain(x), atol=1e-4)
+    clf(x).logsumexp(1).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in clf.parameters() if p.requires_grad)

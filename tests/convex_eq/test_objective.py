@@ -304,21 +304,19 @@ def test_certificate_texts() -> None:
 
 
 def test_certificate_generic_lambda_min_matches_numpy() -> None:
-    obj = models.mopteq(decorrelation=False)
+    obj = models.mopteq(fusion="H")
     cert = obj.certificate()
     assert cert.kind == "conditional" and "λ_min" in cert.text
-    # independent: assemble ½zᵀQz from the dense matrices by hand
-    z1, z2 = obj.states
-    n1, n2 = z1.size, z2.size
+    # independent: assemble ½yᵀQy from the dense matrices by hand (H on z̃_i = W_iᵀ y_i)
+    y1, y2 = obj.states
+    n1, n2 = y1.size, y2.size
     w1 = obj.symbol("W1").value.numpy()
     w2 = obj.symbol("W2").value.numpy()
-    p12 = ce.downsample_or_identity(z2.shape, z1.shape).matrix()
-    q = np.zeros((n1 + n2, n1 + n2))
-    q[:n1, :n1] = np.eye(n1) - w1.T @ w1
-    q[n1:, n1:] = np.eye(n2) - w2.T @ w2
-    # -½ H(z1,z2) - ½ H(z2,z1) = -z1ᵀ P12 z2  (P21 = P12ᵀ)
-    q[:n1, n1:] -= p12
-    q[n1:, :n1] -= p12.T
+    p12 = ce.downsample_or_identity(y2.shape, y1.shape).matrix()
+    q = np.eye(n1 + n2)
+    # -½ H(z̃1, z̃2) - ½ H(z̃2, z̃1) = -z̃1ᵀ P12 z̃2 = -y1ᵀ W1 P12 W2ᵀ y2  (P21 = P12ᵀ)
+    q[:n1, n1:] -= w1 @ p12 @ w2.T
+    q[n1:, :n1] -= (w1 @ p12 @ w2.T).T
     assert abs(cert.values[0] - np.linalg.eigvalsh(q).min()) < 1e-10
 
 

@@ -88,24 +88,28 @@ def _hand_d(zi: torch.Tensor, pzj: torch.Tensor, c: int) -> torch.Tensor:
 
 def test_mopteq_h_and_d() -> None:
     lam = 0.2
-    g = models.mopteq(shapes=((2, 4, 4), (2, 2, 2)), d=3, lam=lam, seed=3)
+    g = models.mopteq(shapes=((2, 4, 4), (2, 2, 2)), d=3, lam=lam, seed=3, decorrelation="sign")
     d = lowering.lower(g)
-    z1, z2, x = randn(3, 32), randn(3, 8), randn(3, 3)
+    y1, y2, x = randn(3, 32), randn(3, 8), randn(3, 3)
     down = lambda t: F.avg_pool2d(t.reshape(-1, 2, 4, 4), 2).reshape(t.shape[0], -1)  # noqa: E731
     up = lambda t: F.interpolate(t.reshape(-1, 2, 2, 2), scale_factor=2).reshape(  # noqa: E731
         t.shape[0], -1) / 4  # adjoint of the average pool
-    zz1, zz2 = z1.clone().requires_grad_(), z2.clone().requires_grad_()
-    dsum = (_hand_d(zz1, up(zz2), 2) + _hand_d(zz2, down(zz1), 2)).sum()
-    g1, g2 = torch.autograd.grad(dsum, (zz1, zz2))
     w1, u1, b1 = W(g, "W1"), W(g, "U1"), W(g, "b1")
     w2, u2, b2 = W(g, "W2"), W(g, "U2"), W(g, "b2")
-    # docs/theory.md §3 row 4: σ(W_iᵀW_i z_i + q_i + ½(P_{i:i+1} z_{i+1} + P_{i-1:i}ᵀ z_{i-1}) −
-    # (λ/2)∇D)
-    ref1 = torch.relu(z1 @ w1.T @ w1 + x @ u1.T + b1 + 0.5 * (up(z2) + up(z2)) - lam / 2 * g1)
-    ref2 = torch.relu(z2 @ w2.T @ w2 + x @ u2.T + b2 + 0.5 * (down(z1) + down(z1)) - lam / 2 * g2)
-    out = d.apply({"z1": z1, "z2": z2, "x": x})
-    close(out["z1"], ref1, 1e-10)
-    close(out["z2"], ref2, 1e-10)
+    # the signed branch states z̃_i = W_iᵀ y_i (rows: y_i W_i)
+    zz1, zz2 = (y1 @ w1).requires_grad_(), (y2 @ w2).requires_grad_()
+    dsum = (_hand_d(zz1, up(zz2), 2) + _hand_d(zz2, down(zz1), 2)).sum()
+    g1, g2 = torch.autograd.grad(dsum, (zz1, zz2))
+    zz1, zz2 = zz1.detach(), zz2.detach()
+    # MOptEq Eq. 6 (docs/theory.md §3 row 4): y_i = σ(W_i h_i(z̃) + q_i),
+    # h_i = ½(P_{i:i+1} z̃_{i+1} + P_{i-1:i}ᵀ z̃_{i-1}) − (λ/2)∇_{z̃_i}ΣD
+    h1 = 0.5 * (up(zz2) + up(zz2)) - lam / 2 * g1
+    h2 = 0.5 * (down(zz1) + down(zz1)) - lam / 2 * g2
+    ref1 = torch.relu(h1 @ w1.T + x @ u1.T + b1)
+    ref2 = torch.relu(h2 @ w2.T + x @ u2.T + b2)
+    out = d.apply({"y1": y1, "y2": y2, "x": x})
+    close(out["y1"], ref1, 1e-10)
+    close(out["y2"], ref2, 1e-10)
     assert d.claim.kind == "stationary point"
 
 

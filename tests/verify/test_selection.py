@@ -25,6 +25,8 @@ DEEP = models.deep_opteq(L=2, n=3, m=4, d=2, alpha=0.5, seed=0)
     (PHI, "stationary point", True, False, True, "cvxpy", "local"),
     (PHI, "minimizer", True, False, True, "local", "local"),
     (ce.State("z", 2), "minimizer", True, False, True, "auto", "unavailable"),
+    (PHI, "fixed point of the iteration", False, False, True, "auto", "iteration"),
+    (PHI, "fixed point of the iteration", False, False, False, "auto", "none"),
 ])
 def test_select_reference_is_the_table(source, claim, certified, sam, found, requested,
                                        kind) -> None:
@@ -35,6 +37,6 @@ def test_select_reference_is_the_table(source, claim, certified, sam, found, req
 
 def test_every_registered_reference_has_the_protocol() -> None:
     assert set(REFERENCE_KINDS) == {"none", "deep", "sam", "local", "cvxpy", "numeric",
-                                    "unavailable"}
+                                    "unavailable", "iteration"}
     for ref in REFERENCE_KINDS.values():
         assert callable(ref.run) and isinstance(ref.kind, str)

@@ -49,8 +49,10 @@ def registered(name: str, iterate: Iteration) -> Solve:
 
 
 def register_solver(name: str) -> Callable[[Iteration], Solve]:
-    """Decorator adding ``iterate(f, z0, tracker, *, max_iter, **options)`` to the registry
-    under ``name`` (see :func:`registered`)."""
+    """Register a forward solver under ``name`` (a decorator).
+
+    The decorated function ``iterate(f, z0, tracker, *, max_iter, **options)`` runs the
+    iterations; :func:`registered` adds the shared bookkeeping."""
 
     def deco(iterate: Iteration) -> Solve:
         run = registered(name, iterate)

@@ -31,15 +31,20 @@ class SolverStats:
     ``nonfinite`` given as None is all False, each made on first read (a solve whose flags
     nobody reads runs no tensor operation for them)."""
 
+    #: the solver's name as run (e.g. ``"anderson"``, ``"plain[compiled×16]"``)
     solver: str
     #: ``(B, K)`` residual history, or the column blocks it is concatenated from on first read
     #: (:attr:`residuals`; a converged solve whose history nobody reads never concatenates)
     residuals_: torch.Tensor | tuple[torch.Tensor, ...]
     #: (B,) iterations until the sample first met tol (or K); None: computed on first access
     iterations_: torch.Tensor | None
-    converged: torch.Tensor | None  # (B,) bool (None: from returned_residual, on first read)
+    #: ``(B,)`` bool: the returned iterate of each sample meets ``tol`` (None: made from
+    #: ``returned_residual`` on first read)
+    converged: torch.Tensor | None
+    #: the tolerance the solve stopped at
     tol: float
-    nonfinite: torch.Tensor | None = field(default=None)  # (B,) bool
+    #: ``(B,)`` bool: the sample produced NaN/Inf (then it is not converged; None: all False)
+    nonfinite: torch.Tensor | None = field(default=None)
     #: residual of the returned iterate per sample (None: the minimum of ``residuals``)
     returned_residual: torch.Tensor | None = field(default=None)
     #: True when the solver knows every sample converged (saves a device synchronisation)

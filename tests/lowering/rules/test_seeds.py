@@ -27,15 +27,15 @@ def test_popteq_has_no_fusion_terms_and_lowers_to_independent_branches() -> None
     assert not any(isinstance(t, (ce.terms.Coupling, ce.terms.ChannelDecorrelation))
                    for t in g.terms)
     assert sum(isinstance(t, ce.terms.Coupling) for t in
-               models.mopteq(shapes=((2, 2, 2), (2, 1, 1)), decorrelation=False).terms) == 2
+               models.mopteq(shapes=((2, 2, 2), (2, 1, 1)), fusion="H").terms) == 2
     d = lowering.lower(g)
-    z1, z2, x = randn(3, 8), randn(3, 4), randn(3, 3)
-    out = d.apply({"z1": z1, "z2": z2, "x": x})
-    for i, zi in ((1, z1), (2, z2)):
+    y1, y2, x = randn(3, 8), randn(3, 4), randn(3, 3)
+    out = d.apply({"y1": y1, "y2": y2, "x": x})
+    for i, yi in ((1, y1), (2, y2)):
         w, u, b = (g.symbol(f"{n}{i}").value for n in ("W", "U", "b"))
-        ref = torch.relu(zi @ w.T @ w + x @ u.T + b)  # POptEq Eq. 10: σ(W_iᵀW_i z_i + U_i x + b_i)
+        ref = torch.relu(yi @ w @ w.T + x @ u.T + b)  # POptEq Eq. 10: σ(W_iW_iᵀy_i + U_i x + b_i)
         # the same closed form in float64 on both sides: rounding only
-        torch.testing.assert_close(out[f"z{i}"], ref, atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(out[f"y{i}"], ref, atol=1e-12, rtol=1e-12)
     assert d.claim.kind == "minimizer"  # independent convex branches (||W_i||₂ = 0.5)
     rep = check(d, x[:2].numpy())
     assert rep.passed and rep.reference.kind == "cvxpy", rep

@@ -172,3 +172,11 @@ def test_contraction_target_without_a_lipschitz_target_is_refused() -> None:
     s = TrainingSettings(contraction_target=0.3)
     with pytest.raises(OptionError, match="only together with a lipschitz_target"):
         s.module_options(lowering.lower(models.opteq()))
+
+
+def test_a_stem_without_a_derived_constant_is_refused() -> None:
+    s = TrainingSettings(dtype=F64)
+    clf = EquilibriumClassifier(lowering.lower(models.opteq(n=12, m=12, d=6)), s, pool="none",
+                                classes=5, stem=nn.Linear(6, 6, dtype=F64))
+    with pytest.raises(CertificateError, match="a stem before the layer"):
+        clf.certified_radius(torch.randn(3, 6, dtype=F64))

@@ -1,0 +1,147 @@
+"""Sizes and budgets of the commands that train: ``demo`` (:class:`DemoConfig`), ``train-table``
+(:class:`TableConfig`) and ``reproduce`` (:class:`Budget`).
+
+Plain dataclasses importing only the standard library, so that ``convex-eq ... --help`` shows
+their defaults without loading torch; what needs torch is imported inside the methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+#: weights kept at spectral norm ≤ bound while the demo trains (convexity / contraction
+#: certificates of the Gaussian-kernel model)
+DEMO_WEIGHT_BOUNDS = {"GEQ (Gaussian kernel)": {"W": 1.0, "W_h": 1.0}}
+
+
+@dataclass
+class DemoConfig:
+    """Sizes and budgets of ``convex-eq demo`` (``quick`` shrinks them for the smoke run)."""
+
+    channels: int = 12
+    kernel: int = 5
+    epochs: int = 8
+    batch: int = 64
+    lr: float = 1e-2
+    tol: float = 1e-4
+    max_iter: int = 40
+    l1: float = 0.01
+    alpha: float = 0.5
+    gamma: float = 0.05
+    verify_inputs: int = 1
+    pool: str = "max"
+    pooled: int = 8
+    quick: bool = False
+    seed: int = 0
+    #: processes training the models in parallel (each single-threaded); 1 = in this process
+    workers: int = 2
+    #: ``cpu``, ``cuda`` or ``auto`` (CUDA when present)
+    device: str = "cpu"
+    #: training samples used (0 = all 4000; the quick run uses a subset)
+    train_subset: int = 0
+
+    @classmethod
+    def quick_config(cls) -> DemoConfig:
+        """The smoke run: 4 channels, kernel 3, one epoch on 512 training signals."""
+        return cls(channels=4, kernel=3, epochs=1, verify_inputs=1, quick=True,
+                   train_subset=512)
+
+    def settings(self, name: str) -> Any:
+        """The module options model ``name`` trains under
+        (:class:`~lowering.runtime.classifier.TrainingSettings`): Anderson forward, the adjoint
+        by the module's ``auto`` choice (conjugate gradients where the adjoint system is
+        symmetric, as the conv OptEq's; docs/theory.md §8)."""
+        from lowering.runtime.classifier import TrainingSettings
+
+        return TrainingSettings(tol=self.tol, max_iter=self.max_iter, backward_solver="auto",
+                                weight_bounds=DEMO_WEIGHT_BOUNDS.get(name))
+
+    def train_config(self) -> Any:
+        """The loop's :class:`~convex_eq_app.training.TrainConfig`."""
+        from .training import TrainConfig
+
+        return TrainConfig(epochs=self.epochs, batch=self.batch, lr=self.lr, seed=self.seed,
+                           device=self.device)
+
+
+@dataclass
+class TableConfig:
+    """Architecture and budget of ``convex-eq train-table`` (``quick``: the smoke run)."""
+
+    channels: int = 32
+    kernel: int = 5
+    pooled: int = 8
+    epochs: int = 30
+    batch: int = 64
+    lr: float = 5e-3
+    weight_decay: float = 0.0
+    shift: int = 2
+    tol: float = 1e-4
+    max_iter: int = 30
+    alpha: float = 0.5
+    #: MOptEq: PE's ε (the paper's 0.1), λ of D (≈ 1/(3C): the paper's 0.01 at C = 32), the
+    #: Huber width of the smoothed D, and ζ, the bound on every ||W_i||₂ of MOptEq and POptEq
+    pe_eps: float = 0.1
+    lam: float = 0.02
+    width: float = 1.0
+    zeta: float = 0.9
+    #: channels of the stem Conv1d(1, C, 3) + ReLU that computes g(x) for the multi-branch models
+    stem: int = 16
+    #: the fixed bandwidth of the GEQ row without the paper's rule (KerDEQ's best on CIFAR)
+    gamma: float = 0.5
+    #: held-out signals: the 12 000 drawn apart by the generator ("mnist1d-large-test") or the
+    #: package's 1000 ("mnist1d")
+    dataset: str = "mnist1d-large-test"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    models: tuple[str, ...] = ()
+    val: bool = False
+    device: str = "cpu"
+    workers: int = 2
+    quick: bool = False
+    verify_inputs: int = 1
+    train_subset: int = 0  # 0 = all (the quick mode trains on a subset)
+
+    @classmethod
+    def quick_config(cls) -> TableConfig:
+        """The smoke run: 4 channels, kernel 3, one epoch on 256 signals."""
+        return cls(channels=4, kernel=3, pooled=4, epochs=1, seeds=(0,), quick=True,
+                   train_subset=256, max_iter=20, stem=2, dataset="mnist1d")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Sizes of one ``convex-eq reproduce`` run.  ``seeds``: training seeds where a claim
+    compares numbers; ``epochs``/``batch``/``lr``: Adam with a cosine schedule; ``width``: state
+    size of the dense layers; ``train``/``test``: samples used (None: all); ``workers``:
+    training processes."""
+
+    quick: bool
+    seeds: tuple[int, ...]
+    epochs: int
+    width: int
+    batch: int = 128
+    lr: float = 1e-2
+    train: int | None = None
+    test: int | None = None
+    device: str = "cpu"
+    workers: int = 1
+    dataset: str = "mnist1d"
+
+    @classmethod
+    def full(cls, device: str = "cpu", workers: int = 1) -> Budget:
+        """The full run: 3 seeds, 15 epochs, 64-wide dense layers, all of MNIST-1D."""
+        return cls(quick=False, seeds=(0, 1, 2), epochs=15, width=64, device=device,
+                   workers=workers)
+
+    def reduced(self) -> Budget:
+        """The budget of the costly multi-branch runs: at most 8 epochs on at most 1000
+        training signals (the test set is unchanged)."""
+        return replace(self, epochs=min(self.epochs, 8), train=min(self.train or 1000, 1000))
+
+    @classmethod
+    def quick_budget(cls, device: str = "cpu", workers: int = 1) -> Budget:
+        """The smoke run: one seed, one epoch, 12-wide layers, 384 train / 200 test samples.
+        Its verdicts exercise the code, they are not evidence."""
+        return cls(quick=True, seeds=(0,), epochs=1, width=12, train=384, test=200,
+                   device=device, workers=workers)

@@ -1,0 +1,202 @@
+"""The results page: ``convex-eq results --from DIR... --out docs/results.md``.
+
+Reads the ``results.json`` that ``convex-eq demo``, ``train-table`` and ``reproduce`` write and
+renders one Markdown section per run, headed by the run's own provenance record (date, commit,
+versions, machine, command; :mod:`convex_eq_app.provenance`).  The tables are rendered by the
+functions the commands' own reports use (:func:`demo_table`, :func:`mnist1d_table`,
+:func:`claims_table`), so the page and the reports cannot disagree.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import CLIError
+from .provenance import column_lines, header_lines
+
+#: test accuracies published by the MNIST-1D authors (no shuffling), in %
+PUBLISHED = {"logistic regression": 32.0, "MLP": 68.0, "CNN": 94.0, "GRU": 91.0, "human": 96.0}
+
+TITLES = {"demo": "Demo: derived layers on MNIST-1D (`convex-eq demo`)",
+          "train-table": "The seed models on MNIST-1D (`convex-eq train-table`)",
+          "reproduce": "The papers' claims in miniature (`convex-eq reproduce`)"}
+
+
+def _num(v: Any, fmt: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return format(v, fmt)
+
+
+# ----------------------------------------------------------------------------- tables
+def demo_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The demo's table from its result rows (``name``, ``accuracy``, ``params``,
+    ``mean_iterations``, ``final_residual``, ``verification``, ``train_time``)."""
+    lines = ["| model | test acc. | params | mean fwd iters | final rel. residual | "
+             "verification | train time (s) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {100 * r['accuracy']:.2f} % | {r['params']} | "
+                     f"{_num(r.get('mean_iterations'), '.1f')} | "
+                     f"{_num(r.get('final_residual'), '.1e')} | {r.get('verification') or '—'} "
+                     f"| {r['train_time']:.1f} |")
+    return "\n".join(lines)
+
+
+def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
+                  wall_seconds: float, cpus: int | None) -> str:
+    """The train-table's table from its rows (one per model and seed, the fields of
+    :class:`~convex_eq_app.training.Result` plus ``seed``): accuracy as mean ± half the range
+    over the seeds, solver statistics, the published baselines, and the settings under it."""
+    part = "validation (10 % of train)" if cfg.get("val") else "test"
+    sizes = "3600 train / 400 validation" if cfg.get("val") else "4000 train / 1000 test"
+    if cfg.get("train_subset"):
+        sizes = f"quick mode: the first {cfg['train_subset']} signals of each part"
+    lines = [f"| model | {part} acc. (%) | seeds | params | mean fwd iters (test) | "
+             "steps at iteration cap (fwd / adjoint) | s / epoch | verification of the trained "
+             "layer |", "|---|---|---|---|---|---|---|---|"]
+    epochs = int(cfg["epochs"])
+    for name in dict.fromkeys(r["name"] for r in rows):
+        rs = [r for r in rows if r["name"] == name]
+        accs = [100 * r["accuracy"] for r in rs]
+        spread = f" ± {(max(accs) - min(accs)) / 2:.1f}" if len(accs) > 1 else ""
+        its = [r.get("mean_iterations") for r in rs]
+        eq = all(i is not None and not math.isnan(i) for i in its)
+        it = f"{sum(its) / len(its):.1f}" if eq else "—"  # type: ignore[arg-type]
+        capped = (f"{sum(r['nonconvergence'][0] for r in rs)} / "
+                  f"{sum(r['nonconvergence'][1] for r in rs)}") if eq else "—"
+        per_epoch = sum(r["train_time"] for r in rs) / max(1, epochs * len(rs))
+        ver = "; ".join(r.get("verification") or "—" for r in rs)
+        lines.append(f"| {name} | {sum(accs) / len(accs):.1f}{spread} | "
+                     f"{','.join(str(r['seed']) for r in rs)} | {rs[0]['params']} | {it} | "
+                     f"{capped} | {per_epoch:.1f} | {ver} |")
+    for name, acc in PUBLISHED.items():
+        lines.append(f"| {name} (published by the MNIST-1D authors) | {acc:.0f} | — | — | — | — "
+                     "| — | — |")
+    lines += ["", f"MOptEq fusion: {cfg['mopteq_fusion']}, λ = {cfg['lam']:g}, PE ε = "
+              f"{cfg['pe_eps']:g}. MNIST-1D generated locally ({sizes}), {epochs} epoch(s), "
+              f"{cfg['channels']} channels, kernel {cfg['kernel']}, Adam lr {cfg['lr']:g} "
+              f"(cosine), batch {cfg['batch']}, shift augmentation ±{cfg['shift']} for every "
+              f"model, seeds {list(cfg['seeds'])}; equilibrium layers: tol {cfg['tol']:g}, at "
+              f"most {cfg['max_iter']} iterations (adjoint {2 * cfg['max_iter']}). Wall time "
+              f"{wall_seconds:.0f} s with {cfg['workers']} worker process(es) of one torch "
+              f"thread on {cpus} CPUs."]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Markdown table cell: pipes escaped (``||z||`` would split the row)."""
+    return str(text).replace("|", "\\|")
+
+
+def claims_table(keys: Sequence[str], claims: dict[str, dict[str, str]],
+                 verdicts: dict[str, dict[str, Any]]) -> str:
+    """``claim | paper, table/figure | paper's number | measured here | holds?``."""
+    rows = ["| claim | paper, table/figure | paper's number | measured here | holds? |",
+            "|---|---|---|---|---|"]
+    for k in keys:
+        c, v = claims[k], verdicts[k]
+        rows.append("| " + " | ".join(_cell(t) for t in (
+            c["statement"], c["source"], c["paper"], v["measured"], f"**{v['holds']}**")) + " |")
+    return "\n".join(rows)
+
+
+def reproduce_setup(budget: dict[str, Any], env: dict[str, Any]) -> str:
+    """The reproduce run's setup in one paragraph."""
+    mode = "quick (smoke run: not evidence)" if budget["quick"] else "full"
+    data = (f"MNIST-1D (generated locally by the mnist1d package), "
+            f"{budget.get('train') or 4000} train / {budget.get('test') or 1000} test signals")
+    reused = (f" ({env['reused_runs']} runs reused from an earlier invocation, their own "
+              f"training + evaluation {env['reused_seconds']:.0f} s)"
+              if env.get("reused_runs") else "")
+    return (f"Mode: {mode}. Data: {data}. Seeds: {', '.join(map(str, budget['seeds']))} (mean ± "
+            f"sample std over seeds). Training: Adam lr {budget['lr']:g}, cosine schedule, "
+            f"{budget['epochs']} epochs (the multi-branch runs at most {min(budget['epochs'], 8)}"
+            f" on at most 1000 signals), batch {budget['batch']}; dense layers of width "
+            f"{budget['width']}. Device {env['device']}, {env['torch_threads']} torch thread(s) "
+            f"per run, {env['workers']} worker process(es); {env['runs']} trained models; wall "
+            f"time {env['seconds']:.0f} s{reused}.")
+
+
+# ----------------------------------------------------------------------------- the page
+def load(source: str | Path) -> dict[str, Any]:
+    """The run record at ``source`` (a ``results.json`` or the folder holding one)."""
+    p = Path(source)
+    if p.is_dir():
+        p = p / "results.json"
+    if not p.is_file():
+        raise CLIError(f"no results.json at {source}", term="--from",
+                       hint="pass the --out folder of a demo, train-table or reproduce run")
+    doc = json.loads(p.read_text(encoding="utf-8"))
+    if doc.get("kind") not in TITLES or "provenance" not in doc:
+        raise CLIError(f"{p} is not a results.json with a provenance record", term="--from",
+                       hint="rerun the command (convex-eq demo, train-table or reproduce): its "
+                       "results.json names its kind, date, commit, versions, machine and command")
+    return doc
+
+
+def section(doc: dict[str, Any], images: Sequence[str] = ()) -> list[str]:
+    """The page's Markdown lines for one run record (``images``: links to the run's plots,
+    relative to the page)."""
+    kind = doc["kind"]
+    smoke = bool(doc.get("config", doc.get("budget", {})).get("quick"))
+    lines = [f"## {TITLES[kind]}{' — smoke run' if smoke else ''}", "",
+             *header_lines(doc["provenance"], smoke=smoke)]
+    if kind == "demo":
+        lines += [doc.get("setup", ""), "", demo_table(doc["results"]), "",
+                  *column_lines(doc["columns"])]
+        lines += [f"![{Path(img).stem.replace('_', ' ')}]({img})\n" for img in images]
+    elif kind == "train-table":
+        lines += [mnist1d_table(doc["rows"], doc["config"], doc["wall_seconds"], doc["cpus"]),
+                  "", *column_lines(doc["columns"])]
+    else:
+        keys = list(doc["verdicts"])
+        held = sum(doc["verdicts"][k]["holds"] == "yes" for k in keys)
+        lines += [reproduce_setup(doc["budget"], doc["environment"]), "",
+                  claims_table(keys, doc["claims"], doc["verdicts"]), "",
+                  ("A smoke run: its verdicts exercise the code and are not evidence."
+                   if smoke else f"{held} of {len(keys)} claims hold here."), "",
+                  *column_lines(doc["columns"])]
+    return lines
+
+
+def images_of(source: str | Path, page: str | Path, root: str | Path = ".") -> list[str]:
+    """The PNG plots in the run folder ``source`` (relative to ``root``), as links relative to
+    the folder of the page."""
+    folder = Path(root) / source
+    folder = folder if folder.is_dir() else folder.parent
+    return [Path(os.path.relpath(p, Path(root, page).parent)).as_posix()
+            for p in sorted(folder.glob("*.png"))]
+
+
+def render(docs: Sequence[dict[str, Any]], sources: Sequence[str],
+           images: Sequence[Sequence[str]] | None = None) -> str:
+    """The whole page: an introduction, then one section per run (demo, train-table,
+    reproduce, in that order, each kind in the order given); ``images[i]``: the plot links of
+    ``docs[i]``."""
+    order = {k: i for i, k in enumerate(TITLES)}
+    plots = list(images) if images is not None else [[] for _ in docs]
+    lines = ["# Results", "",
+             "Generated by `convex-eq results` from the `results.json` files the commands wrote "
+             "(do not edit by hand; rerun the commands and this one instead). Each section is "
+             "headed by the date, commit, package versions, machine and command of its run. "
+             "The settings and the criteria of the claims are explained in the "
+             "[user guide](guide.md), [the reproduce page](reproduce.md) and "
+             "[the performance page](performance.md).", "",
+             f"Sources: {', '.join(f'`{s}`' for s in sources)}.", ""]
+    for i in sorted(range(len(docs)), key=lambda i: order[docs[i]["kind"]]):
+        lines += section(docs[i], plots[i])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_page(sources: Sequence[str | Path], out: str | Path) -> Path:
+    """Render the records at ``sources`` into the Markdown page ``out``; returns its path."""
+    docs = [load(s) for s in sources]
+    out = Path(out)
+    images = [images_of(s, out) for s in sources]
+    out.write_text(render(docs, [str(s) for s in sources], images), encoding="utf-8")
+    return out
