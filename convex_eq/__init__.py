@@ -17,6 +17,7 @@ from .certificate import Certificate
 from .composition import DeepComposition
 from .errors import (
     ActivationError,
+    CertificateError,
     ConvergenceError,
     ConvergenceWarning,
     ConvexEqError,
@@ -95,6 +96,7 @@ __all__ = [
     "BatchDecorrelation",
     "BlockDiag",
     "Certificate",
+    "CertificateError",
     "ChannelDecorrelation",
     "Constant",
     "Conv2d",

@@ -77,6 +77,12 @@ class SolverError(ConvexEqError, RuntimeError):
     """A reference solver failed or returned an inaccurate status."""
 
 
+class CertificateError(ConvexEqError):
+    """A certified bound was asked for where no certificate supports it (no contraction, a
+    Lipschitz constant of ``T`` that is not below 1, a rule with no derived bound): the bound
+    is refused, never guessed (docs/theory.md §9.6)."""
+
+
 class ConvergenceWarning(UserWarning):
     """A fixed-point iteration stopped before reaching its tolerance (warn mode)."""
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,23 @@ _const_ids = itertools.count()
 
 #: Number of basis vectors pushed through ``apply`` at once when building a dense matrix.
 _MATRIX_CHUNK = 1024
+
+#: ``policy(op, env) -> float`` active inside :func:`norm_policy`: what :meth:`LinOp.norm`
+#: returns instead of its power-iteration estimate (a lower bound), e.g. a guaranteed upper
+#: bound for a certified constant (docs/theory.md §9.6); None outside
+_NORM_POLICY: ContextVar[Callable[[Any, Any], float] | None] = ContextVar(
+    "convex_eq_norm_policy", default=None)
+
+
+@contextmanager
+def norm_policy(policy: Callable[[Any, Any], float]) -> Iterator[None]:
+    """Within the block, every operator norm that would be estimated by power iteration
+    (:meth:`LinOp.norm` of operators without a closed form) is ``policy(op, env)`` instead."""
+    token = _NORM_POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _NORM_POLICY.reset(token)
 
 
 def as_symbol(x: Any, prefix: str = "A_c") -> Symbol:
@@ -150,8 +169,12 @@ class LinOp:
 
         Deterministic (Gaussian start from ``seed``); returns ``sqrt(||AᵀA v||)`` for the last
         unit iterate ``v``, a lower bound of ``||A||₂`` that converges to it.  Stops when the
-        relative change falls below ``tol``.
+        relative change falls below ``tol``.  Inside :func:`norm_policy` the policy's value
+        instead.
         """
+        policy = _NORM_POLICY.get()
+        if policy is not None:
+            return float(policy(self, env))
         dev = self._device(env)
         g = torch.Generator().manual_seed(seed)
         v = torch.randn(1, self.in_size, generator=g, dtype=torch.float64).to(dev)

@@ -267,6 +267,8 @@ def finish(m: Layer, call: Call, z_star: torch.Tensor, stats: SolverStats) -> An
     bad_in, b = call.bad_in, call.b
     # over the whole batch (dropped samples: non-finite), kept when judge raises
     batch_stats = stats if bad_in is None else expand_stats(stats, ~bad_in)
+    # the weights' content keys of this call's env (None where it was not checked here)
+    batch_stats.weights_keys = m.__dict__.pop("_env_keys", None)
     m.__dict__["last_stats"] = batch_stats
     ok, all_ok = judge(m, stats, bad_in)
     if call.sample_ids is not None:  # the converged equilibria start these samples next time

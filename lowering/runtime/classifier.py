@@ -72,25 +72,47 @@ class TrainingSettings:
     #: weights reparametrised as ``g·V/||V||`` (weight normalisation, never also under
     #: spectral-norm control: :mod:`lowering.runtime.weight_control`)
     weight_normalization: tuple[str, ...] = ()
+    #: keep ``Lip(x ↦ z*) ≤ lipschitz_target`` during training by weight control (None: off):
+    #: the injection weights and the certificate's controlled weights get the norm bounds of
+    #: :func:`~lowering.runtime.robustness.lipschitz_weight_bounds` (``Lip(T) ≤
+    #: contraction_target``), merged with ``weight_bounds`` (the smaller bound wins)
+    lipschitz_target: float | None = None
+    #: the bound on ``Lip(T)`` the controlled weights' bounds give under ``lipschitz_target``
+    #: (refused without one)
+    contraction_target: float = 0.5
 
     def module_options(self, derived: Any) -> dict[str, Any]:
         """Keyword options of ``derived.torch_module`` (spectral-norm weight control when the
-        certificate has ``||A||₂ ≤ bound`` conditions or ``weight_bounds`` names weights)."""
+        certificate has ``||A||₂ ≤ bound`` conditions, ``weight_bounds`` names weights or a
+        ``lipschitz_target`` is set)."""
+        bounds = dict(self.weight_bounds or {})
+        kept: set[str] = set()  # (weights the Lipschitz target bounds)
+        if self.lipschitz_target is None and self.contraction_target != 0.5:
+            raise OptionError("contraction_target applies only together with a "
+                              "lipschitz_target", term="TrainingSettings",
+                              hint="set lipschitz_target, or leave contraction_target at 0.5")
+        if self.lipschitz_target is not None:
+            from .robustness import lipschitz_weight_bounds
+
+            for n, b in lipschitz_weight_bounds(derived, self.lipschitz_target,
+                                                self.contraction_target).items():
+                bounds[n] = min(b, bounds.get(n, b))
+                kept.add(n)
         # (conditions on trainable weights: one on a fixed constant holds as declared)
         controlled = controlled_conditions(derived)
-        both = sorted(set(self.weight_normalization) & {n for _, n, _ in controlled})
+        both = sorted(set(self.weight_normalization) & ({n for _, n, _ in controlled} | kept))
         if both:
             raise OptionError(f"weight_normalization of {both} conflicts with the spectral-norm "
-                              "control the certificate's norm conditions ask for",
-                              term="TrainingSettings", hint="normalise other weights, or build "
-                              "the module with derived.torch_module(weight_control=None, "
-                              "weight_normalization=...)")
-        wc = "spectral_norm" if controlled or self.weight_bounds else None
+                              "control the certificate's norm conditions (or the Lipschitz "
+                              "target) ask for", term="TrainingSettings", hint="normalise other "
+                              "weights, or build the module with derived.torch_module("
+                              "weight_control=None, weight_normalization=...)")
+        wc = "spectral_norm" if controlled or bounds else None
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
                 "backward": self.backward, "backward_solver": self.backward_solver,
                 "backward_max_iter": self.backward_factor * self.max_iter,
                 "on_nonconvergence": self.on_nonconvergence, "weight_control": wc,
-                "weight_bounds": self.weight_bounds, "margin": self.margin,
+                "weight_bounds": bounds or None, "margin": self.margin,
                 "dtype": self.dtype, "weight_normalization": self.weight_normalization}
 
 
@@ -317,6 +339,14 @@ class EquilibriumClassifier(nn.Module):
         f, b = self.eq.last_stats, self.eq.last_backward_stats
         return StepStats(SolveSummary.of(f) if f is not None else None,
                          SolveSummary.of(b) if b is not None else None)
+
+    def certified_radius(self, x: torch.Tensor) -> Any:
+        """Per sample of ``x``: prediction, margin, error bound and certified ℓ2 radius of the
+        exact equilibrium classifier (:func:`lowering.runtime.robustness.certified_radius`;
+        docs/theory.md §9.6)."""
+        from .robustness import certified_radius
+
+        return certified_radius(self, x)
 
     def reset_stats(self) -> None:
         """Forget the statistics of earlier passes (so a pass without an adjoint solve reports

@@ -98,6 +98,7 @@ def express_call(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
         call = Call(t_fn(m, [name], list(env)), [x, *env.values()], 1, {name: x}, env, z0, b,
                     x.dtype, return_stats, sample_ids=ids)
         return finish(m, call, z_star, stats)
+    stats.weights_keys = d.pop("_env_keys", None)
     d["last_stats"] = stats
     if ids is not None:
         m.warm_start_cache.store(ids, z_star, None)  # type: ignore[union-attr]
@@ -164,6 +165,7 @@ def _express_leaves(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
         call = Call(fn, tensors, 1, {name: x}, env, z0, b, x.dtype, return_stats,
                     planned=planned, sample_ids=ids)
         return finish(m, call, z_star, stats)
+    stats.weights_keys = m.__dict__.pop("_env_keys", None)
     m.__dict__["last_stats"] = stats
     if ids is not None:
         m.warm_start_cache.store(ids, z_star, None)  # type: ignore[union-attr]

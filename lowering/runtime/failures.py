@@ -160,4 +160,10 @@ def spread_stats(stats: SolverStats, rows: torch.Tensor, b: int,
     if stats.returned_residual is not None:
         ret = torch.full((b,), float("nan"), dtype=stats.returned_residual.dtype, device=dev)
         ret[rows] = stats.returned_residual
-    return SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
+    out = SolverStats(stats.solver, res, it, conv, stats.tol, nf, ret)
+    if stats.image_norm is not None:  # (dropped samples: NaN, no bound)
+        out.image_norm = torch.full((b,), float("nan"), dtype=torch.float64,
+                                    device=stats.image_norm.device).index_put(
+            (rows.to(stats.image_norm.device),), stats.image_norm)
+    out.weights_keys = stats.weights_keys
+    return out

@@ -314,6 +314,24 @@ class EquilibriumModule(nn.Module):
                 return out
         return general_call(self, x, z0, return_stats, steps, weights, out_dtype, env, ids)
 
+    # ------------------------------------------------------------------ certified bounds
+    def error_bound(self, x: Any = None, z: torch.Tensor | None = None) -> torch.Tensor:
+        """Per sample, ``||o − o*(x)||₂ ≤ c_e·||T(u) − u||₂`` for the returned output ``o`` of the
+        last forward (or of a forward at ``x``; or at the flat state ``z`` with ``T`` evaluated
+        once in float64); a :class:`~convex_eq.errors.CertificateError` where no certificate
+        holds (:func:`lowering.runtime.bounds.error_bound`; docs/theory.md §9.6)."""
+        from .bounds import error_bound
+
+        return error_bound(self, x, z)
+
+    def lipschitz_bound(self) -> float:
+        """A certified ``Lip(x ↦ o*(x))`` (stacked inputs, ℓ2) at the current weights, derived
+        from the objective's input terms (:func:`lowering.runtime.bounds.lipschitz_bound`;
+        docs/theory.md §9.6); a :class:`~convex_eq.errors.CertificateError` where none is."""
+        from .bounds import lipschitz_bound
+
+        return lipschitz_bound(self).value
+
     def extra_repr(self) -> str:
         """State shapes, solver, backward, tolerance and weight control, for ``repr``."""
         wc = self.weight_control.mode if self.weight_control is not None else None

@@ -121,6 +121,7 @@ def checked_env(m: Layer, weights: dict[str, torch.Tensor]
             raise ShapeError(f"parameter '{n}' has shape {tuple(t.shape)}, the layer "
                              f"declares {want}", term=n, hint="load weights of the declared shape")
     keys = m._checksums.keys(env)
+    m.__dict__["_env_keys"] = keys  # (stamped on this forward's statistics)
     for n, key in keys.items():
         # an Inf weight can give a finite output (relu(-inf) = 0) with NaN gradients; a sum that
         # overflowed is confirmed entry by entry

@@ -416,6 +416,19 @@ class _FirstOrderNorm(torch.autograd.Function):
         return g, None, None
 
 
+def layer_terms(derived: Any) -> list[Any]:
+    """The terms ``T`` is built from: ``ψ`` of each Theorem 1 layer (``s·Σσ̃(Wz + Ux + b)``,
+    whose conjugate the objective declares), else the objective's (or its layers') terms."""
+    p = derived.payload
+    kind = type(p).__name__
+    if kind == "TheoremOnePayload":
+        return [p.psi]
+    if kind == "DeepPayload":
+        return [t for inner in p.layers for t in layer_terms(inner)]
+    src = derived.source
+    return [t for obj in getattr(src, "layers", None) or [src] for t in obj.terms]
+
+
 def _operator_for(derived: Any, name: str) -> Any:
     """The linear operator applying weight ``name`` (a Dense wrapper for plain matrices)."""
     from convex_eq.operators import Adjoint, Compose, Dense
@@ -433,12 +446,12 @@ def _operator_for(derived: Any, name: str) -> Any:
 
     src = derived.source
     layers = getattr(src, "layers", None) or [src]
-    for obj in layers:
-        for t in getattr(obj, "terms", []):
-            for a in t.args:
-                for e in a.entries:
-                    if e.op is not None and (found := walk(e.op)) is not None:
-                        return found
+    terms = [t for obj in layers for t in getattr(obj, "terms", [])]
+    for t in [*terms, *layer_terms(derived)]:
+        for a in t.args:
+            for e in a.entries:
+                if e.op is not None and (found := walk(e.op)) is not None:
+                    return found
     for s in derived.parameters:
         if s.name == name and len(s.shape) == 2:
             return Dense(s)

@@ -12,7 +12,7 @@ import torch
 
 from .residuals import exact_rel_residual
 from .stats import SolverStats, meets
-from .tracker import F, Tracker
+from .tracker import F, Tracker, image_norms
 
 #: a solver's iteration: ``fn(f, z0, tracker, max_iter=…, **options)`` records into the tracker
 Iteration = Callable[..., None]
@@ -66,5 +66,8 @@ def best_per_sample(iterate: Iteration, tr: Tracker, f: F, z0: torch.Tensor, max
     rows = need.reshape((-1,) + (1,) * (z.ndim - 1))
     zb = torch.where(rows, rep.z, z)
     rr = torch.where(need, r, last_r)
-    return zb, SolverStats(st.solver, st.residuals, None, meets(rr, tr.tol) & ~nonfinite, st.tol,
-                           st.nonfinite, rr)
+    out = SolverStats(st.solver, st.residuals, None, meets(rr, tr.tol) & ~nonfinite, st.tol,
+                      st.nonfinite, rr)
+    if st.image_norm is not None:
+        out.image_norm = torch.where(need, image_norms(rep.fz), st.image_norm)
+    return zb, out

@@ -53,6 +53,14 @@ class SolverStats:
     #: (:meth:`Tracker.stats`; None otherwise): the emitted module linearises ``T`` there
     #: without evaluating it again, and drops it (it is never pickled)
     image = None
+    #: (not a field) ``||f(z)||₂`` of each returned iterate ``(B,)``, float64, where the solver
+    #: recorded its image (None otherwise): with ``returned_residual`` it gives the absolute
+    #: residual ``||f(z) − z||`` the a posteriori error bound reads (docs/theory.md §9.6)
+    image_norm = None
+    #: (not a field) the content keys of the weights the solve ran with (the emitted module
+    #: stamps its forward's statistics; None otherwise): a bound read later from these
+    #: statistics is refused once the weights have changed
+    weights_keys = None
 
     def __post_init__(self) -> None:
         if self.converged is None:
@@ -129,6 +137,16 @@ class SolverStats:
         best = clean.min(dim=1).values
         return torch.where(torch.isinf(best) & self.nonfinite, torch.full_like(best, float("nan")),
                            best)
+
+    @property
+    def abs_residual(self) -> torch.Tensor | None:
+        """``||f(z) − z||₂`` of each returned iterate ``(B,)`` in float64 (the relative
+        residual times ``max(||f(z)||, 1e-30)``, its definition's floor); None where the solver
+        recorded no image norm."""
+        if self.image_norm is None:
+            return None
+        r = self.final_residual.to(torch.float64)
+        return r * self.image_norm.to(device=r.device).clamp_min(1e-30)
 
     @property
     def max_residual(self) -> float:

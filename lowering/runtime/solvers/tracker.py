@@ -29,6 +29,13 @@ F = Callable[[torch.Tensor], torch.Tensor]
 _INF = math.inf
 
 
+def image_norms(fz: torch.Tensor) -> torch.Tensor:
+    """``||f(z)||₂`` per sample ``(B,)``, accumulated in float64 (one reduction, no host
+    synchronisation): what turns the relative residual into the absolute one."""
+    return torch.linalg.vector_norm(fz.detach().reshape(fz.shape[0], -1), dim=1,
+                                    dtype=torch.float64)
+
+
 class Watch(Protocol):
     """Asked after ``k`` plain iterations once ``k ≥ next``: True stops the plain loop (e.g.
     ``auto``'s switch to Anderson)."""
@@ -455,7 +462,10 @@ class Tracker:
             st = SolverStats(self.name, res, None, None, self.tol, None, best_res,
                              True if self._done else None)
             st.image = self.best_fz  # f(best), or None when nothing was recorded
-            return st
-        nonfinite = self.nonfinite[:, 0]
-        return SolverStats(self.name, res, None, meets(best_res, self.tol) & ~nonfinite, self.tol,
-                           nonfinite, best_res)
+        else:
+            nonfinite = self.nonfinite[:, 0]
+            st = SolverStats(self.name, res, None, meets(best_res, self.tol) & ~nonfinite,
+                             self.tol, nonfinite, best_res)
+        if self.best_fz is not None:
+            st.image_norm = image_norms(self.best_fz)
+        return st
