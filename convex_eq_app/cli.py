@@ -98,7 +98,7 @@ def cmd_train_table(args: argparse.Namespace) -> int:
     from .table import run
 
     cfg = TableConfig.quick_config() if args.quick else TableConfig()
-    for key in ("epochs", "channels", "kernel", "workers"):
+    for key in ("epochs", "channels", "kernel", "workers", "eval_every"):
         if getattr(args, key) is not None:
             setattr(cfg, key, getattr(args, key))
     if args.seeds:
@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--models", nargs="+", default=None, metavar="MODEL",
                     help="model names, quoted (default: all; e.g. 'conv OptEq' 'CNN (same "
                     "#params)')")
+    tt.add_argument("--eval-every", dest="eval_every", type=int, default=None,
+                    help=f"measure the held-out accuracy every N epochs and after the last "
+                         f"(default {TableConfig.eval_every})")
     tt.add_argument("--val", action="store_true",
                     help="report a validation split of train (10 %%) instead of the test set")
     tt.set_defaults(func=cmd_train_table)

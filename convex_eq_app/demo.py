@@ -2,10 +2,10 @@
 
 ``convex-eq demo [--quick] [--out DIR] [--device DEV]``: derives the OptEq layer (conv, Theorem
 1), verifies it against CVXPY, edits the objective (ℓ1 feature regularizer via prox,
-Moreau-envelope skip connection, Gaussian kernel), trains every derived model and an MLP with the
-same parameter count on MNIST-1D (1-D signals of length 40, generated locally by the ``mnist1d``
-package) with the shared training loop (``convex_eq_app.training``), and writes plots and a
-Markdown report.
+Moreau-envelope skip connection, Gaussian kernel: the GEQ paper's multi-branch model), trains every
+derived model and an MLP with the same parameter count on MNIST-1D (1-D signals of length 40,
+generated locally by the ``mnist1d`` package) with the shared training loop
+(``convex_eq_app.training``), and writes plots and a Markdown report.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from convex_eq import models
 from convex_eq.terms import L1, moreau
 from lowering.runtime.classifier import EquilibriumClassifier
 
-from .configs import DEMO_WEIGHT_BOUNDS, DemoConfig
+from .configs import DEMO_GEQ, DEMO_GEQ_SCALES, DemoConfig
 from .data import Dataset, mnist1d
 from .progress import cpu_state
 from .table import mlp_with
@@ -45,14 +45,12 @@ from .training import (
 
 #: one MNIST-1D sample: a 1-channel signal of length 40
 SIGNAL = (1, 40)
-#: the GEQ patch kernel reads the signal as a 1-row image
-ROW = (1, 1, 40)
 MLP = "MLP (same #params)"
 #: the equilibrium layers are trained and compared in this dtype (named in plot titles)
 DTYPE = torch.float32
 DTYPE_NAME = str(DTYPE).removeprefix("torch.")
 #: training order (longest first, so that two workers finish close together)
-TRAIN_ORDER = ("OptEq + ℓ1", "OptEq Moreau skip", "OptEq", "GEQ (Gaussian kernel)", MLP)
+TRAIN_ORDER = (DEMO_GEQ, "OptEq + ℓ1", "OptEq Moreau skip", "OptEq", MLP)
 
 
 # ----------------------------------------------------------------------------- data
@@ -74,17 +72,16 @@ def objectives(cfg: DemoConfig) -> dict[str, Any]:
         "OptEq": base,
         "OptEq + ℓ1": base + cfg.l1 * L1(z),
         "OptEq Moreau skip": cfg.alpha * moreau(base, 1.0 - cfg.alpha),
-        "GEQ (Gaussian kernel)": models.geq(conv=(cfg.channels, (1, cfg.kernel)), image=ROW,
-                                           patch=(1, 4), h=8, gamma=cfg.gamma, seed=cfg.seed),
+        DEMO_GEQ: models.conv_geq(SIGNAL, cfg.geq_channels, scales=DEMO_GEQ_SCALES,
+                                  kernel=cfg.kernel, patch=2, channel_split=cfg.geq_channels,
+                                  gamma="paper", seed=cfg.seed),
     }
 
 
-#: the layout each model reads a signal in (None: as it comes)
-INPUT_SHAPES = {"GEQ (Gaussian kernel)": ROW}
-
-
-#: weights kept at spectral norm ≤ bound during training (convexity / contraction certificates)
-WEIGHT_BOUNDS = DEMO_WEIGHT_BOUNDS
+#: the models whose feature sparsity is plotted (the ℓ1 edit against its base)
+SPARSITY = ("OptEq", "OptEq + ℓ1")
+#: how each model's branch outputs are combined before pooling (GEQ: averaged, as its paper)
+FUSION = {DEMO_GEQ: "average"}
 
 
 def derivation_diff(base: Any, other: Any) -> str:
@@ -98,7 +95,7 @@ def derivation_diff(base: Any, other: Any) -> str:
 def classifier(name: str, derived: Any, cfg: DemoConfig) -> EquilibriumClassifier:
     """Model ``name``: its derived layer, max-pooled to ``cfg.pooled`` positions, linear head."""
     return EquilibriumClassifier(derived, cfg.settings(name), pool=cfg.pool, pooled=cfg.pooled,
-                                 input_shape=INPUT_SHAPES.get(name))
+                                 fusion=FUSION.get(name, "concat"))
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -129,8 +126,9 @@ def train_job(name: str, cfg: DemoConfig, mlp_params: int, progress: bool = Fals
     if isinstance(model, EquilibriumClassifier):
         with _quiet():
             res.verification = verify_layer(model, data.x_test, cfg.verify_inputs)
-            with torch.no_grad():
-                out["features"] = model.features(data.x_test.cpu()).numpy().ravel()
+            if name in SPARSITY:
+                with torch.no_grad():
+                    out["features"] = model.features(data.x_test.cpu()).numpy().ravel()
         out["eq_weights"] = effective_weights(model.eq)
     out["state_dict"] = cpu_state(model)
     return out
@@ -436,7 +434,7 @@ def run(out: str | Path = "convex_eq_out", quick: bool = False, progress: bool =
     print(table(results))
     print(nonconvergence_note(results, cfg))
     traces = residual_traces(base, jobs["OptEq"]["eq_weights"], xte[:64])
-    sparsity = {n: jobs[n]["features"] for n in ("OptEq", "OptEq + ℓ1")}
+    sparsity = {n: jobs[n]["features"] for n in SPARSITY}
     plots = write_plots(out, results, traces, sparsity)
     total = time.perf_counter() - t_start
     report = _report(cfg, derived, results, plots, traces, sparsity, total, prov, checkpoints,
@@ -486,8 +484,12 @@ def setup_text(cfg: DemoConfig, data: Dataset | None) -> str:
     return (f"MNIST-1D generated locally by the `mnist1d` package ({sizes} of length 40). "
             f"Every equilibrium model is a convolutional layer of {cfg.channels} channels, "
             f"kernel {cfg.kernel}, max-pooled to {cfg.pooled} positions and read by a linear "
-            f"head; ℓ1 weight {cfg.l1:g}, Moreau skip α = {cfg.alpha:g}, Gaussian kernel "
-            f"γ = {cfg.gamma:g}. Training: {cfg.epochs} epoch(s) of Adam, learning rate "
+            f"head; ℓ1 weight {cfg.l1:g}, Moreau skip α = {cfg.alpha:g}. The GEQ has "
+            f"{len(DEMO_GEQ_SCALES)} branches of {cfg.geq_channels} channels at input strides "
+            f"{'/'.join(map(str, DEMO_GEQ_SCALES))}, patches of 2 positions × "
+            f"{cfg.geq_channels} channels with a full-size W_h, the paper's bandwidth "
+            f"γ = 0.2/M, weight normalisation, phantom gradients and branch outputs averaged "
+            f"after pooling. Training: {cfg.epochs} epoch(s) of Adam, learning rate "
             f"{cfg.lr:g} with a cosine schedule, batch {cfg.batch}, seed {cfg.seed}, on "
             f"{cfg.device}, {max(1, cfg.workers)} worker process(es) of one torch thread. "
             f"Equilibrium solves: Anderson forward, tolerance {cfg.tol:g}, at most "

@@ -265,7 +265,8 @@ def run_job(job: Job) -> Row:
     data = table_data(cfg)
     model = build(job.name, cfg, data.shape, job.seed)
     tc = TrainConfig(epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, seed=job.seed,
-                     weight_decay=cfg.weight_decay, shift=cfg.shift, device=cfg.device)
+                     weight_decay=cfg.weight_decay, shift=cfg.shift, device=cfg.device,
+                     eval_every=cfg.eval_every)
 
     def log(row: dict[str, float]) -> None:
         if job.log:

@@ -42,6 +42,9 @@ class TrainConfig:
     shift: int = 0
     device: str = "cpu"
     eval_batch: int = 1000
+    #: evaluate the held-out accuracy every ``eval_every`` epochs and after the last (the other
+    #: epochs' ``test_acc`` is NaN: not measured); on a large test set this dominates an epoch
+    eval_every: int = 1
     #: start each training sample's solve from its equilibrium of the epoch before (an
     #: EquilibriumClassifier whose layer has a uniqueness certificate; refused otherwise)
     warm_start: bool = False
@@ -123,7 +126,8 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
         on_epoch: Callable[[dict[str, float]], None] | None = None,
         test: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
     """Train ``model`` on ``data`` — a :class:`~convex_eq_app.data.Dataset` (its test part is only
-    evaluated, once per epoch, for the history and the final accuracy) or a
+    evaluated, every ``cfg.eval_every`` epochs and after the last, for the history and the final
+    accuracy) or a
     ``torch.utils.data.DataLoader`` of ``(x, y)`` or ``(x, y, index)`` batches with ``test``
     the held-out ``(x, y)`` — and return the :class:`Result`."""
     from tqdm import tqdm
@@ -151,6 +155,9 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
                               f"{type(model).__name__}", term="TrainConfig.warm_start",
                               hint="train this model with warm_start=False")
         eq.enable_warm_start(len(loader.dataset))  # a typed error without uniqueness
+    if cfg.eval_every < 1:
+        raise OptionError(f"eval_every = {cfg.eval_every} must be ≥ 1",
+                          term="TrainConfig.eval_every", hint="1 evaluates after every epoch")
     res = Result(name, params=n_params(model))
     t0 = time.perf_counter()
     bar = tqdm(range(cfg.epochs), desc=f"{name:<24}", disable=not progress, leave=True)
@@ -159,7 +166,9 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
         te = time.perf_counter()
         loss, meter = _epoch(model, eq, loader, opt, cfg, gen, dev)
         sched.step()
-        acc = accuracy(model, x_test, y_test, cfg.eval_batch)
+        last = epoch + 1 == cfg.epochs
+        acc = (accuracy(model, x_test, y_test, cfg.eval_batch)
+               if last or (epoch + 1) % cfg.eval_every == 0 else float("nan"))
         row: dict[str, float] = {"epoch": epoch + 1, "loss": loss, "test_acc": acc}
         if eq is not None:
             s = meter.summary()

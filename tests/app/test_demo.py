@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import re
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def test_quick_demo_writes_report_plots_and_checkpoints(cli_run: tuple[Path, str
     out, _ = cli_run
     data = json.loads((out / "results.json").read_text())
     names = [r["name"] for r in data["results"]]
-    assert names[:4] == ["OptEq", "OptEq + ℓ1", "OptEq Moreau skip", "GEQ (Gaussian kernel)"]
+    assert names[:4] == ["OptEq", "OptEq + ℓ1", "OptEq Moreau skip",
+                         "GEQ (multi-branch, paper's γ)"]
     assert names[-1] == "MLP (same #params)"
     for f in ("report.md", "training_curves.png", "residuals.png", "sparsity.png"):
         assert (out / f).stat().st_size > 0
@@ -43,9 +45,18 @@ def test_quick_demo_writes_report_plots_and_checkpoints(cli_run: tuple[Path, str
         assert (out / r["checkpoint"]).is_file()
     # every derived model was verified against its docs/theory.md §9 reference, and its
     # forward and adjoint solver statistics are logged per epoch
+    # (the convex edits against CVXPY; the GEQ with the paper's γ, whose claim is a fixed point
+    # of its iteration, by the iteration reference)
+    reference = {"OptEq": "cvxpy", "OptEq + ℓ1": "cvxpy", "OptEq Moreau skip": "cvxpy",
+                 "GEQ (multi-branch, paper's γ)": "iteration: fixed point of the iteration"}
     for r in data["results"][:4]:
-        assert "cvxpy" in r["verification"] or "local" in r["verification"]
-        assert r["history"][0]["fwd_iters"] >= 1 and r["history"][0]["bwd_iters"] >= 1
+        assert f"({reference[r['name']]}" in r["verification"] and "pass" in r["verification"]
+        h = r["history"][0]
+        assert h["fwd_iters"] >= 1
+        if r["name"].startswith("GEQ"):  # phantom gradients: no adjoint solve to count
+            assert math.isnan(h["bwd_iters"])
+        else:
+            assert h["bwd_iters"] >= 1
 
 
 def test_checkpoint_reproduces_the_reported_accuracy(cli_run: tuple[Path, str]) -> None:
@@ -85,12 +96,14 @@ def test_report_states_provenance_columns_and_smoke(cli_run: tuple[Path, str]) -
 
 def test_progress_is_shown(cli_run: tuple[Path, str]) -> None:
     _, err = cli_run
-    for name in ("OptEq", "GEQ (Gaussian kernel)", "MLP (same #params)"):
+    for name in ("OptEq", "GEQ (multi-branch, paper's γ)", "MLP (same #params)"):
         assert re.search(rf"{re.escape(name)}\s*: 100%", err), err[-2000:]
 
 
 def _untimed(h: dict) -> dict:
-    return {k: v for k, v in h.items() if k != "seconds"}
+    """The history row without its timing; NaN (not measured) as None, so rows compare."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v
+            for k, v in h.items() if k != "seconds"}
 
 
 def test_parallel_training_reproduces_in_process_training(cli_run: tuple[Path, str],
