@@ -50,10 +50,13 @@ def demo_table(rows: Sequence[dict[str, Any]]) -> str:
 def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
                   wall_seconds: float, cpus: int | None) -> str:
     """The train-table's table from its rows (one per model and seed, the fields of
-    :class:`~convex_eq_app.training.Result` plus ``seed``): accuracy as mean ± half the range
-    over the seeds, solver statistics, the published baselines, and the settings under it."""
+    :class:`~convex_eq_app.training.Result` plus ``seed``): accuracy as mean ± sample standard
+    deviation over the seeds, solver statistics, the published baselines, and the settings
+    under it."""
     part = "validation (10 % of train)" if cfg.get("val") else "test"
-    sizes = "3600 train / 400 validation" if cfg.get("val") else "4000 train / 1000 test"
+    large = cfg.get("dataset") == "mnist1d-large-test"
+    sizes = ("3600 train / 400 validation" if cfg.get("val") else
+             "4000 train / 12 000 test drawn apart" if large else "4000 train / 1000 test")
     if cfg.get("train_subset"):
         sizes = f"quick mode: the first {cfg['train_subset']} signals of each part"
     lines = [f"| model | {part} acc. (%) | seeds | params | mean fwd iters (test) | "
@@ -63,7 +66,9 @@ def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
     for name in dict.fromkeys(r["name"] for r in rows):
         rs = [r for r in rows if r["name"] == name]
         accs = [100 * r["accuracy"] for r in rs]
-        spread = f" ± {(max(accs) - min(accs)) / 2:.1f}" if len(accs) > 1 else ""
+        mean = sum(accs) / len(accs)
+        spread = (f" ± {math.sqrt(sum((a - mean) ** 2 for a in accs) / (len(accs) - 1)):.1f}"
+                  if len(accs) > 1 else "")
         its = [r.get("mean_iterations") for r in rs]
         eq = all(i is not None and not math.isnan(i) for i in its)
         it = f"{sum(its) / len(its):.1f}" if eq else "—"  # type: ignore[arg-type]
@@ -77,8 +82,15 @@ def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
     for name, acc in PUBLISHED.items():
         lines.append(f"| {name} (published by the MNIST-1D authors) | {acc:.0f} | — | — | — | — "
                      "| — | — |")
-    lines += ["", f"MOptEq fusion: {cfg['mopteq_fusion']}, λ = {cfg['lam']:g}, PE ε = "
-              f"{cfg['pe_eps']:g}. MNIST-1D generated locally ({sizes}), {epochs} epoch(s), "
+    if "zeta" in cfg:
+        mb = (f"Multi-branch models: a stem conv(1→{cfg['stem']}, 3) + ReLU, two branches, "
+              f"||W_i||₂ ≤ ζ = {cfg['zeta']:g}; D: λ = {cfg['lam']:g}, Huber width "
+              f"{cfg['width']:g} (smoothed); PE ε = {cfg['pe_eps']:g}; GEQ fixed γ = "
+              f"{cfg['gamma']:g}. ")
+    else:  # a record of the earlier single MOptEq row
+        mb = (f"MOptEq fusion: {cfg['mopteq_fusion']}, λ = {cfg['lam']:g}, PE ε = "
+              f"{cfg['pe_eps']:g}. ")
+    lines += ["", mb + f"MNIST-1D generated locally ({sizes}), {epochs} epoch(s), "
               f"{cfg['channels']} channels, kernel {cfg['kernel']}, Adam lr {cfg['lr']:g} "
               f"(cosine), batch {cfg['batch']}, shift augmentation ±{cfg['shift']} for every "
               f"model, seeds {list(cfg['seeds'])}; equilibrium layers: tol {cfg['tol']:g}, at "

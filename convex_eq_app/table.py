@@ -348,8 +348,8 @@ COLUMNS = {
              "linear head), an MLP or CNN with about the conv OptEq's parameter count, or a "
              "test accuracy published by the MNIST-1D authors",
     "acc. (%)": "share of the held-out signals (test, or the validation split with --val) "
-                "classified correctly after the last epoch; mean ± half the range over the "
-                "seeds when there are several",
+                "classified correctly after the last epoch; mean ± sample standard deviation "
+                "over the seeds when there are several",
     "seeds": "the training seeds",
     "params": "trainable parameters",
     "mean fwd iters (test)": "forward-solver iterations per held-out signal at the end of "
@@ -369,7 +369,7 @@ COLUMNS = {
 
 
 def table(rows: list[Row], cfg: TableConfig, meta: dict[str, Any]) -> str:
-    """Markdown table: mean (± half the range over seeds) accuracy, params, solver statistics,
+    """Markdown table: mean (± sample std over seeds) accuracy, params, solver statistics,
     and the settings under it (:func:`convex_eq_app.results.mnist1d_table`)."""
     from .results import mnist1d_table
 

@@ -41,7 +41,7 @@ def test_quick_table_trains_and_verifies_every_model(quick_table: tuple) -> None
     out, tmp_path = quick_table[0], quick_table[1]
     cfg = T.TableConfig.quick_config()
     names = [r.name for r in out["rows"]]
-    assert names == [*T.EQ_MODELS, T.MLP, T.CNN]
+    assert names == list(T.DEFAULT_MODELS)
     for r in out["rows"]:
         assert 0.0 <= r.result.accuracy <= 1.0 and len(r.result.history) == cfg.epochs
         if r.name in T.EQ_MODELS:
