@@ -23,8 +23,10 @@ from typing import Any
 from ..configs import TableConfig
 from ..errors import CLIError
 
-#: TableConfig fields that do not change what a run trains
-NOT_TRAINING = frozenset({"seeds", "models", "workers", "device", "quick", "verify_inputs"})
+#: TableConfig fields that do not change what a run trains (``eval_every``: how often the
+#: held-out accuracy is logged during training, a field of later table configs)
+NOT_TRAINING = frozenset({"seeds", "models", "workers", "device", "quick", "verify_inputs",
+                          "eval_every"})
 
 
 def training_identity(cfg: TableConfig | dict[str, Any]) -> dict[str, Any]:

@@ -205,6 +205,16 @@ def test_from_table_refuses_a_table_without_the_reproductions_seeds(tmp_path: Pa
     assert "--seed 0 1" in str(err.value)
 
 
+def test_from_table_accepts_a_table_that_only_logged_its_test_accuracy_less_often(
+        tmp_path: Path) -> None:
+    cfg = Budget.full().table_config()
+    folder = _record(tmp_path / "t", cfg)
+    doc = json.loads((folder / "results.json").read_text())
+    doc["config"]["eval_every"] = 5  # when the held-out accuracy is logged: not training
+    (folder / "results.json").write_text(json.dumps(doc))
+    assert from_table.load(folder, cfg).rows == {}
+
+
 def test_from_table_refuses_an_unfinished_table(tmp_path: Path) -> None:
     (tmp_path / "rows.jsonl").write_text("")
     with pytest.raises(CLIError, match="did not finish"):
