@@ -1,5 +1,5 @@
 """Sizes and budgets of the commands that train: ``demo`` (:class:`DemoConfig`), ``train-table``
-(:class:`TableConfig`) and ``reproduce`` (:class:`Budget`).
+(:class:`TableConfig`) and ``reproduce`` (:class:`Budget`, which reads the table's config).
 
 Plain dataclasses importing only the standard library, so that ``convex-eq ... --help`` shows
 their defaults without loading torch; what needs torch is imported inside the methods.
@@ -123,39 +123,40 @@ class TableConfig:
                    train_subset=256, max_iter=20, stem=2, dataset="mnist1d")
 
 
+#: epochs of every model in the full reproduction (docs/reproduce.md, "Budget")
+REPRODUCE_EPOCHS = 10
+
+
 @dataclass(frozen=True)
 class Budget:
-    """Sizes of one ``convex-eq reproduce`` run.  ``seeds``: training seeds where a claim
-    compares numbers; ``epochs``/``batch``/``lr``: Adam with a cosine schedule; ``width``: state
-    size of the dense layers; ``train``/``test``: samples used (None: all); ``workers``:
-    training processes."""
+    """One ``convex-eq reproduce`` run: ``seeds`` (every claim compares models over them),
+    ``epochs`` (every model's), the ``device`` and the training ``workers``; everything else
+    about a model and its training is the MNIST-1D table's :class:`TableConfig`
+    (:meth:`table_config`), so that a model name means the same model in ``train-table`` and
+    ``reproduce``.  ``quick``: the smoke run (the table's quick config)."""
 
     quick: bool
     seeds: tuple[int, ...]
     epochs: int
-    width: int
-    batch: int = 128
-    lr: float = 1e-2
-    train: int | None = None
-    test: int | None = None
     device: str = "cpu"
     workers: int = 1
-    dataset: str = "mnist1d"
 
     @classmethod
     def full(cls, device: str = "cpu", workers: int = 1) -> Budget:
-        """The full run: 3 seeds, 15 epochs, 64-wide dense layers, all of MNIST-1D."""
-        return cls(quick=False, seeds=(0, 1, 2), epochs=15, width=64, device=device,
+        """The full run: seeds 0, 1, 2 and ``REPRODUCE_EPOCHS`` epochs of the table's models on
+        the 4000 training signals, tested on the 12 000 held-out ones."""
+        return cls(quick=False, seeds=(0, 1, 2), epochs=REPRODUCE_EPOCHS, device=device,
                    workers=workers)
-
-    def reduced(self) -> Budget:
-        """The budget of the costly multi-branch runs: at most 8 epochs on at most 1000
-        training signals (the test set is unchanged)."""
-        return replace(self, epochs=min(self.epochs, 8), train=min(self.train or 1000, 1000))
 
     @classmethod
     def quick_budget(cls, device: str = "cpu", workers: int = 1) -> Budget:
-        """The smoke run: one seed, one epoch, 12-wide layers, 384 train / 200 test samples.
-        Its verdicts exercise the code, they are not evidence."""
-        return cls(quick=True, seeds=(0,), epochs=1, width=12, train=384, test=200,
-                   device=device, workers=workers)
+        """The smoke run: one seed, one epoch, the table's quick config (tiny models, 256
+        signals).  Its verdicts exercise the code, they are not evidence."""
+        return cls(quick=True, seeds=(0,), epochs=1, device=device, workers=workers)
+
+    def table_config(self) -> TableConfig:
+        """The :class:`TableConfig` every run starts from: the table's (or its quick config)
+        with this budget's epochs, seeds, device and workers."""
+        base = TableConfig.quick_config() if self.quick else TableConfig()
+        return replace(base, epochs=self.epochs, seeds=tuple(self.seeds), device=self.device,
+                       workers=self.workers)

@@ -105,20 +105,59 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+#: the claim table's columns and the verdict field each shows, for records with the power
+#: column (a record written before it has no ``se``: the first five columns)
+POWER_COLUMNS = (("paper effect", "effect"), ("measured here", "measured"),
+                 ("difference", "difference"), ("SE", "se"), ("MDD", "power"),
+                 ("verdict", "holds"))
+_PLAIN_COLUMNS = (("measured here", "measured"), ("holds?", "holds"))
+
+
 def claims_table(keys: Sequence[str], claims: dict[str, dict[str, str]],
                  verdicts: dict[str, dict[str, Any]]) -> str:
-    """``claim | paper, table/figure | paper's number | measured here | holds?``."""
-    rows = ["| claim | paper, table/figure | paper's number | measured here | holds? |",
-            "|---|---|---|---|---|"]
+    """``claim | paper, table/figure | paper's number | paper effect | measured here |
+    difference | SE | MDD | verdict`` (a record without the power column: ``... | measured
+    here | holds?``)."""
+    power = any("se" in verdicts[k] for k in keys)
+    cols = POWER_COLUMNS if power else _PLAIN_COLUMNS
+    head = ["claim", "paper, table/figure", "paper's number", *(c for c, _ in cols)]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in keys:
         c, v = claims[k], verdicts[k]
-        rows.append("| " + " | ".join(_cell(t) for t in (
-            c["statement"], c["source"], c["paper"], v["measured"], f"**{v['holds']}**")) + " |")
+        cells = [c["statement"], c["source"], c["paper"],
+                 *(str(v.get(f, "—")) for _, f in cols)]
+        cells[-1] = f"**{cells[-1]}**"
+        rows.append("| " + " | ".join(_cell(t) for t in cells) + " |")
     return "\n".join(rows)
 
 
 def reproduce_setup(budget: dict[str, Any], env: dict[str, Any]) -> str:
-    """The reproduce run's setup in one paragraph."""
+    """The reproduce run's setup in one paragraph (a record of the earlier dense-layer
+    reproduction, whose budget names a ``width``: :func:`_dense_setup`)."""
+    if "width" in budget:
+        return _dense_setup(budget, env)
+    mode = "quick (smoke run: not evidence)" if budget["quick"] else "full"
+    data = ("MNIST-1D (generated locally by the mnist1d package): 256 signals of the 4000 for "
+            "training and testing (the table's quick config)" if budget["quick"] else
+            "MNIST-1D (generated locally by the mnist1d package): the 4000 training signals, "
+            f"tested on {env.get('n_test', 12000)} held-out signals drawn apart")
+    load = env.get("load_start") or [float("nan")]
+    table = (f"; {env['table_runs']} runs reused from the train-table run in "
+             f"{env['from_table']}" if env.get("from_table") else "")
+    reused = (f"; {env['reused_runs']} runs reused from an earlier invocation (their own "
+              f"training + evaluation {env['reused_seconds']:.0f} s)"
+              if env.get("reused_runs") else "")
+    return (f"Mode: {mode}. Data: {data}. Seeds: {', '.join(map(str, budget['seeds']))} (mean ± "
+            f"sample std over the seeds). Training: the MNIST-1D table's models and recipe "
+            f"(`convex-eq train-table`), {budget['epochs']} epochs. Device {env['device']}, "
+            f"{env['torch_threads']} torch thread(s) per run, {env['workers']} worker "
+            f"process(es), {env.get('cpus', '?')} CPUs, 1-minute load average "
+            f"{load[0]:.2f} at the start; {env['runs']} models ({env.get('trained_runs', 0)} "
+            f"trained here{table}{reused}); wall time {env['seconds']:.0f} s.")
+
+
+def _dense_setup(budget: dict[str, Any], env: dict[str, Any]) -> str:
+    """The setup paragraph of a record of the earlier dense-layer reproduction."""
     mode = "quick (smoke run: not evidence)" if budget["quick"] else "full"
     data = (f"MNIST-1D (generated locally by the mnist1d package), "
             f"{budget.get('train') or 4000} train / {budget.get('test') or 1000} test signals")

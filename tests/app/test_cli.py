@@ -167,7 +167,8 @@ def test_help_defaults_are_the_configurations() -> None:
     assert f"(default: {DemoConfig().seed})" in _option_help(demo, "--seed")
     assert "(default: convex_eq_out)" in _option_help(demo, "--out")
     repro = subs["reproduce"].format_help()
-    assert f"(default {Budget.full().epochs}," in _option_help(repro, "--epochs")
+    assert f"(default {Budget.full().epochs}; --quick: {Budget.quick_budget().epochs})" in \
+        _option_help(repro, "--epochs")
     assert "(default 0 1 2;" in _option_help(repro, "--seed")
     assert "(default: cpu)" in _option_help(repro, "--device")
 
