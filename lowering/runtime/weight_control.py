@@ -7,7 +7,9 @@ the certificate (docs/guide.md, weight control).
   a dense SVD when small, power iteration to a relative change of 1e-7 otherwise
   (:mod:`lowering.runtime.norms`), measured once per version of the weight (its content key,
   :mod:`lowering.runtime.versions`); a guaranteed upper bound (a convolution's Fourier bound)
-  only skips the measurement when it already proves the target;
+  skips the measurement when it already proves the target, and in training replaces it for
+  operators above :data:`EXACT_EVERY_VERSION_ENTRIES` entries (the weight is then rescaled by
+  that bound: certified, slightly conservative, and without an SVD per step);
 * the rescaling is differentiable: ``σ = uᵀ A(W) v`` with the measured singular pair, whose
   gradient ``u vᵀ`` is the norm's (first order).
 
@@ -150,8 +152,9 @@ class WeightControl:
     """Keeps ``||A||₂ ≤ target`` for every weight with a spectral-norm condition
     (docs/guide.md, weight control).  The norm is measured once per version of the weight (its
     content key, :mod:`lowering.runtime.versions`): exactly where cheap, by power iteration on
-    the actual operator otherwise (:mod:`lowering.runtime.norms`); a weight whose norm is within
-    its target is used as it is."""
+    the actual operator otherwise (:mod:`lowering.runtime.norms`), or rescaled by a registered
+    upper bound for large operators (:meth:`_by_bound`); a weight whose norm is within its
+    target is used as it is."""
 
     def __init__(self, derived: Any, mode: str, margin: float,
                  bounds: dict[str, float] | None = None,
