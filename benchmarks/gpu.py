@@ -140,7 +140,8 @@ def markdown(res: dict[str, Any]) -> str:
     mi = res["machine"]
     lines = [f"# convex-eq GPU benchmarks{' (quick)' if res['quick'] else ''}", "",
              f"{mi.get('date', '')} · commit {mi.get('git', {}).get('commit', '?')} · "
-             f"{res['device']} · torch {mi.get('torch')} · command `{res['command']}`", ""]
+             f"{res['device']} · torch {mi.get('versions', {}).get('torch')} · "
+             f"command `{res['command']}`", ""]
     t = res.get("tests")
     if t is not None:
         lines += ["## CUDA tests", "", f"exit code {t['returncode']}: {t['tail'][-1]}", ""]
