@@ -172,6 +172,9 @@ class WeightControl:
         #: versions are bounded from it by Weyl's inequality (:func:`norms.difference_bound`),
         #: and their measurements start from its singular vector
         self.anchors: dict[str, tuple[torch.Tensor, TopPair]] = {}
+        #: per weight name: ``(content key, its registered upper bound)`` of the last version
+        #: rescaled by the bound (:meth:`_by_bound`), reused by calls that build no graph
+        self.bounded: dict[str, tuple[tuple, float]] = {}
         self.checksums = Checksums()
         self.targets: list[tuple[Any, str, float]] = []
         #: the certificate's bound of each controlled weight (the warning names it)
@@ -190,7 +193,7 @@ class WeightControl:
                               hint="name the weights to control: weight_bounds={'W': 1.0}")
 
     def __getstate__(self) -> dict:
-        state = {**self.__dict__, "measured": {}, "anchors": {}}
+        state = {**self.__dict__, "measured": {}, "anchors": {}, "bounded": {}}
         state.pop("cache", None)
         state.pop("projected", None)
         return state
@@ -199,6 +202,7 @@ class WeightControl:
         self.__dict__.update(state)
         self.__dict__.setdefault("measured", {})
         self.__dict__.setdefault("anchors", {})
+        self.__dict__.setdefault("bounded", {})
         self.__dict__.setdefault("checksums", Checksums())
         self.__dict__.setdefault("bounds", {n: t + self.margin for _, n, t in self.targets})
 
@@ -286,9 +290,17 @@ class WeightControl:
             if key is None:
                 key = self.checksums.keys({name: w})[name]
             if self._by_bound(op, name, key, w):
+                graph = torch.is_grad_enabled() and w.requires_grad
+                have = self.bounded.get(name)
+                if not graph and have is not None and have[0] == key:
+                    if have[1] <= target:  # (no graph needed: the bound of this version)
+                        continue
+                    env[name] = w * (target / have[1])
+                    continue
                 ub = upper_bound_tensor(op, name, env)
                 if ub is not None:
-                    if float(ub.detach()) <= target:
+                    self.bounded[name] = (key, float(ub.detach()))
+                    if self.bounded[name][1] <= target:
                         continue  # proved within its target: the weight itself
                     sig = _FirstOrderNorm.apply(ub, target, name)
                     env[name] = w * (target / sig).to(w.dtype)
