@@ -96,8 +96,21 @@ def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
               f"model, seeds {list(cfg['seeds'])}; equilibrium layers: tol {cfg['tol']:g}, at "
               f"most {cfg['max_iter']} iterations (adjoint {2 * cfg['max_iter']}). Wall time "
               f"{wall_seconds:.0f} s with {cfg['workers']} worker process(es) of one torch "
-              f"thread on {cpus} CPUs."]
+              f"thread on {cpus} CPUs.{_evaluations(cfg)}"]
     return "\n".join(lines)
+
+
+def _evaluations(cfg: dict[str, Any]) -> str:
+    """When the held-out accuracy was measured (``eval_every``; records without it: after
+    every epoch)."""
+    every, epochs = int(cfg.get("eval_every", 1)), int(cfg["epochs"])
+    at = sorted({e for e in range(every, epochs + 1, every)} | {epochs})
+    if at == list(range(1, epochs + 1)):
+        return " Held-out accuracy measured after every epoch."
+    if at == [epochs]:
+        return " Held-out accuracy measured after the last epoch only."
+    return (f" Held-out accuracy measured after epoch(s) {', '.join(map(str, at))} only "
+            f"(every {every}, and the last).")
 
 
 def _cell(text: str) -> str:

@@ -358,8 +358,8 @@ COLUMNS = {
     "steps at iteration cap (fwd / adjoint)": "training steps whose forward / adjoint solve "
                                               "stopped at its iteration cap before the "
                                               "tolerance, summed over epochs and seeds",
-    "s / epoch": "wall seconds of training per epoch (with the per-epoch evaluation), mean "
-                 "over the seeds",
+    "s / epoch": "wall seconds of training per epoch (with the held-out evaluations the "
+                 "run made, see the settings), mean over the seeds",
     "verification of the trained layer": "worst relative state error ||z − z_ref|| / "
                                          "max(||z_ref||, 0.01) against the reference "
                                          "docs/theory.md §9 prescribes, on the held-out inputs "

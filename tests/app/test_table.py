@@ -114,3 +114,20 @@ def test_training_and_verification_on_cuda() -> None:
         assert next(model.parameters()).device.type == "cuda"
         assert res.history[0]["fwd_iters"] >= 1
         assert verify_layer(model, data.x_test, 1).endswith("pass)")
+
+
+@pytest.mark.parametrize(("every", "epochs", "said"), [
+    (1, 3, "after every epoch"),
+    (6, 6, "after the last epoch only"),
+    (5, 12, "after epoch(s) 5, 10, 12 only"),
+])
+def test_the_table_says_when_the_held_out_accuracy_was_measured(every: int, epochs: int,
+                                                                 said: str) -> None:
+    from convex_eq_app.configs import TableConfig
+    from convex_eq_app.results import mnist1d_table
+
+    cfg = {**TableConfig(epochs=epochs, eval_every=every).__dict__, "workers": 2}
+    row = {"name": "MLP (same #params)", "seed": 0, "accuracy": 0.5, "params": 100,
+           "mean_iterations": float("nan"), "nonconvergence": [0, 0], "train_time": 1.0,
+           "verification": "—", "history": []}
+    assert said in mnist1d_table([row], cfg, 10.0, 2)
