@@ -233,7 +233,9 @@ def verify_layer(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:
     inp = {n: t.double() for n, t in inp.items()} if isinstance(inp, dict) else inp.double()
     rep = check(model.eq, inp)
     errs = [s.rel_error if s.rel_error is not None else s.residual for s in rep.samples]
-    verdict = "pass" if rep.passed else f"FAIL: {'; '.join(rep.failures)[:90]}"
+    why = "; ".join(rep.failures)
+    # a table cell: the first 90 characters, and an ellipsis where the reason was cut
+    verdict = "pass" if rep.passed else f"FAIL: {why[:90]}{'…' if len(why) > 90 else ''}"
     return f"{max(errs):.1e} ({rep.reference.kind}: {rep.label}, {verdict})"
 
 
