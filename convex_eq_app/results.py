@@ -154,7 +154,6 @@ def reproduce_setup(budget: dict[str, Any], env: dict[str, Any]) -> str:
             "training and testing (the table's quick config)" if budget["quick"] else
             "MNIST-1D (generated locally by the mnist1d package): the 4000 training signals, "
             f"tested on {env.get('n_test', 12000)} held-out signals drawn apart")
-    load = env.get("load_start") or [float("nan")]
     table = (f"; {env['table_runs']} runs reused from the train-table run in "
              f"{env['from_table']}" if env.get("from_table") else "")
     reused = (f"; {env['reused_runs']} runs reused from an earlier invocation (their own "
@@ -164,8 +163,8 @@ def reproduce_setup(budget: dict[str, Any], env: dict[str, Any]) -> str:
             f"sample std over the seeds). Training: the MNIST-1D table's models and recipe "
             f"(`convex-eq train-table`), {budget['epochs']} epochs. Device {env['device']}, "
             f"{env['torch_threads']} torch thread(s) per run, {env['workers']} worker "
-            f"process(es), {env.get('cpus', '?')} CPUs, 1-minute load average "
-            f"{load[0]:.2f} at the start; {env['runs']} models ({env.get('trained_runs', 0)} "
+            f"process(es), {env.get('cpus', '?')} CPUs (the machine's state at the start: "
+            f"the header); {env['runs']} models ({env.get('trained_runs', 0)} "
             f"trained here{table}{reused}); wall time {env['seconds']:.0f} s.")
 
 
