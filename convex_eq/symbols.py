@@ -53,6 +53,8 @@ class Symbol:
         #: how to make the value tensor on first read (``value``), if not made yet
         self._make: Callable[[], torch.Tensor] | None = None
         self._value: torch.Tensor | None = None
+        #: a value given as numbers or numpy, while no tensor has been made of it
+        self._array: np.ndarray | None = None
         if value is not None:
             self._set_checked(value)
 
@@ -67,13 +69,13 @@ class Symbol:
         a numpy array becomes a float64 tensor on first read: declaring imports no torch."""
         if self._make is not None:
             make, self._make = self._make, None
-            self._value = make()
+            self._value, self._array = make(), None
             self._made()
         return self._value
 
     @value.setter
     def value(self, v: torch.Tensor | None) -> None:
-        self._value, self._make = v, None
+        self._value, self._make, self._array = v, None, None
         self._given()
 
     def _made(self) -> None:
@@ -101,6 +103,7 @@ class Symbol:
             self.value = v
         else:
             self._value, self._make = None, functools.partial(as_tensor, v)
+            self._array = v
 
     def resolve(self, env: Env | None = None) -> torch.Tensor:
         """The symbol's value: ``env[name]`` if given, else its stored value."""
@@ -113,6 +116,22 @@ class Symbol:
                 hint=f"pass {self.name}=... or give the symbol a value",
             )
         return self.value
+
+    def numpy(self, env: Env | None = None) -> np.ndarray:
+        """The symbol's value (``env[name]`` if given) as a float64 numpy array, a copy.  A
+        value declared as numbers or numpy is read without making a tensor of it, so measuring
+        a certificate's norm at the declared weights imports no torch."""
+        if (env is None or self.name not in env) and self._make is not None \
+                and self._array is not None:
+            return self._array.copy()
+        if env is not None and self.name in env and not is_tensor(env[self.name]):
+            v = np.array(env[self.name], dtype=np.float64)
+        else:
+            v = self.resolve(env).detach().to("cpu", torch.float64).numpy().copy()
+        if v.shape != self.shape:
+            raise ShapeError(f"value of '{self.name}' has shape {v.shape}, declared shape is "
+                             f"{self.shape}", term=self.name)
+        return v
 
     def latex(self) -> str:
         """The symbol's name as LaTeX (Greek names as letters, ``W_h`` with a subscript)."""
@@ -331,8 +350,7 @@ class Scalar(Symbol):
 
     def float(self, env: Env | None = None) -> float:
         """Current value as a python float (checked against the range)."""
-        v = self.resolve(env)
-        return self.check(float(v.detach() if hasattr(v, "detach") else v))
+        return self.check(float(self.numpy(env)))
 
     def __mul__(self, c: Any) -> Any:
         """``c·λ`` for a number ``c``: a coefficient that scales a term (``0.5 * lam * t``)."""

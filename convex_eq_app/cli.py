@@ -106,6 +106,9 @@ def cmd_train_table(args: argparse.Namespace) -> int:
     if args.models:
         cfg.models = tuple(args.models)
     cfg.val = args.val
+    cfg.warm_start = args.warm_start
+    cfg.jacobian_reg = args.jacobian_reg
+    cfg.tol_schedule = tuple(args.tol_schedule) if args.tol_schedule else None
     cfg.device = _device(args)
     with step("train-table"):
         run(out=args.out, cfg=cfg, progress=not args.no_progress, argv=args.argv)
@@ -269,6 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(default {TableConfig.eval_every})")
     tt.add_argument("--val", action="store_true",
                     help="report a validation split of train (10 %%) instead of the test set")
+    tt.add_argument("--warm-start", action="store_true",
+                    help="start each training signal's solve from its equilibrium of the epoch "
+                    "before (equilibrium rows with a uniqueness certificate; refused for others)")
+    tt.add_argument("--jacobian-reg", type=float, default=0.0, metavar="GAMMA",
+                    help="add GAMMA times a Hutchinson estimate of ||dT/dz||_F^2 / (B N) to the "
+                    "equilibrium rows' loss (Jacobian regularisation; 0: off)")
+    tt.add_argument("--tol-schedule", type=float, nargs=2, default=None,
+                    metavar=("START", "END"),
+                    help="the equilibrium rows' solver tolerance, geometric from START in the "
+                    "first epoch to END in the last (default: the table's fixed tolerance)")
     tt.set_defaults(func=cmd_train_table)
     c = sub.add_parser("certified", help="MNIST-1D certified accuracy of a conv OptEq and a MON "
                        "trained under a Lipschitz target, with a PGD attack inside the certified "

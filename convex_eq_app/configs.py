@@ -115,6 +115,11 @@ class TableConfig:
     quick: bool = False
     verify_inputs: int = 1
     train_subset: int = 0  # 0 = all (the quick mode trains on a subset)
+    #: the equilibrium rows' iteration levers (TrainConfig's; the CNN and MLP have no solve):
+    #: warm starts, Jacobian regularisation's γ, the (start, end) tolerance schedule
+    warm_start: bool = False
+    jacobian_reg: float = 0.0
+    tol_schedule: tuple[float, float] | None = None
 
     @classmethod
     def quick_config(cls) -> TableConfig:

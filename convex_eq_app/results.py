@@ -60,8 +60,9 @@ def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
     if cfg.get("train_subset"):
         sizes = f"quick mode: the first {cfg['train_subset']} signals of each part"
     lines = [f"| model | {part} acc. (%) | seeds | params | mean fwd iters (test) | "
+             "iters per training step, last epoch (fwd / adjoint) | "
              "steps at iteration cap (fwd / adjoint) | s / epoch | verification of the trained "
-             "layer |", "|---|---|---|---|---|---|---|---|"]
+             "layer |", "|---|---|---|---|---|---|---|---|---|"]
     epochs = int(cfg["epochs"])
     for name in dict.fromkeys(r["name"] for r in rows):
         rs = [r for r in rows if r["name"] == name]
@@ -74,14 +75,15 @@ def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
         it = f"{sum(its) / len(its):.1f}" if eq else "—"  # type: ignore[arg-type]
         capped = (f"{sum(r['nonconvergence'][0] for r in rs)} / "
                   f"{sum(r['nonconvergence'][1] for r in rs)}") if eq else "—"
+        step_its = _step_iterations(rs) if eq else "—"
         per_epoch = sum(r["train_time"] for r in rs) / max(1, epochs * len(rs))
         ver = "; ".join(r.get("verification") or "—" for r in rs)
         lines.append(f"| {name} | {sum(accs) / len(accs):.1f}{spread} | "
                      f"{','.join(str(r['seed']) for r in rs)} | {rs[0]['params']} | {it} | "
-                     f"{capped} | {per_epoch:.1f} | {ver} |")
+                     f"{step_its} | {capped} | {per_epoch:.1f} | {ver} |")
     for name, acc in PUBLISHED.items():
         lines.append(f"| {name} (published by the MNIST-1D authors) | {acc:.0f} | — | — | — | — "
-                     "| — | — |")
+                     "| — | — | — |")
     if "zeta" in cfg:
         mb = (f"Multi-branch models: a stem conv(1→{cfg['stem']}, 3) + ReLU, two branches, "
               f"||W_i||₂ ≤ ζ = {cfg['zeta']:g}; D: λ = {cfg['lam']:g}, Huber width "
@@ -96,8 +98,33 @@ def mnist1d_table(rows: Sequence[dict[str, Any]], cfg: dict[str, Any],
               f"model, seeds {list(cfg['seeds'])}; equilibrium layers: tol {cfg['tol']:g}, at "
               f"most {cfg['max_iter']} iterations (adjoint {2 * cfg['max_iter']}). Wall time "
               f"{wall_seconds:.0f} s with {cfg['workers']} worker process(es) of one torch "
-              f"thread on {cpus} CPUs.{_evaluations(cfg)}"]
+              f"thread on {cpus} CPUs.{_evaluations(cfg)}{_levers(cfg)}"]
     return "\n".join(lines)
+
+
+def _step_iterations(rows: Sequence[dict[str, Any]]) -> str:
+    """Mean forward / adjoint iterations per training step in the last epoch, mean over the
+    seeds (``—`` where the history has none)."""
+    last = [r["history"][-1] for r in rows if r.get("history")]
+    out = []
+    for key in ("fwd_iters", "bwd_iters"):
+        xs = [h[key] for h in last if isinstance(h.get(key), (int, float))
+              and math.isfinite(h[key])]
+        out.append(f"{sum(xs) / len(xs):.1f}" if xs and len(xs) == len(rows) else "—")
+    return " / ".join(out)
+
+
+def _levers(cfg: dict[str, Any]) -> str:
+    """The equilibrium rows' iteration levers, where any was on."""
+    on = []
+    if cfg.get("warm_start"):
+        on.append("warm starts from each signal's equilibrium of the epoch before")
+    if cfg.get("jacobian_reg"):
+        on.append(f"Jacobian regularisation γ = {cfg['jacobian_reg']:g}")
+    if cfg.get("tol_schedule"):
+        a, b = cfg["tol_schedule"]
+        on.append(f"tolerance schedule {a:g} → {b:g} (geometric over the epochs)")
+    return f" Equilibrium rows trained with {'; '.join(on)}." if on else ""
 
 
 def _evaluations(cfg: dict[str, Any]) -> str:

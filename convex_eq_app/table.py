@@ -264,9 +264,12 @@ def run_job(job: Job) -> Row:
     cfg = job.cfg
     data = table_data(cfg)
     model = build(job.name, cfg, data.shape, job.seed)
+    levers = ({"warm_start": cfg.warm_start, "jacobian_reg": cfg.jacobian_reg,
+               "tol_schedule": cfg.tol_schedule}
+              if isinstance(model, EquilibriumClassifier) else {})  # (no solve to speed up)
     tc = TrainConfig(epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, seed=job.seed,
                      weight_decay=cfg.weight_decay, shift=cfg.shift, device=cfg.device,
-                     eval_every=cfg.eval_every)
+                     eval_every=cfg.eval_every, **levers)
 
     def log(row: dict[str, float]) -> None:
         if job.log:
@@ -355,6 +358,10 @@ COLUMNS = {
     "params": "trainable parameters",
     "mean fwd iters (test)": "forward-solver iterations per held-out signal at the end of "
                              "training, mean over the seeds",
+    "iters per training step, last epoch (fwd / adjoint)": "forward / adjoint solver "
+                                                           "iterations per training step in "
+                                                           "the last epoch, mean over its "
+                                                           "steps and the seeds",
     "steps at iteration cap (fwd / adjoint)": "training steps whose forward / adjoint solve "
                                               "stopped at its iteration cap before the "
                                               "tolerance, summed over epochs and seeds",

@@ -14,6 +14,7 @@ equilibrium layers are counted from those statistics, not printed per step.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -48,13 +49,22 @@ class TrainConfig:
     #: start each training sample's solve from its equilibrium of the epoch before (an
     #: EquilibriumClassifier whose layer has a uniqueness certificate; refused otherwise)
     warm_start: bool = False
+    #: γ of Jacobian regularisation: the loss is cross-entropy + γ·(Hutchinson estimate of
+    #: ||∂T/∂z||_F² / (B·N) at the equilibrium), for fewer solver iterations (an
+    #: EquilibriumClassifier; 0 = off; docs/guide.md, training speed)
+    jacobian_reg: float = 0.0
+    #: ``(start, end)``: the forward (and adjoint) tolerance of epoch ``e`` of ``E`` is
+    #: ``start·(end/start)^(e/(E−1))``, loose early and tight at the end (an
+    #: EquilibriumClassifier; None = the module's own tolerance throughout)
+    tol_schedule: tuple[float, float] | None = None
 
 
 @dataclass
 class Result:
     """One trained model: final accuracy on the held-out part, size, time and the per-epoch
-    history (``loss``, ``test_acc``, ``fwd_iters``, ``bwd_iters``, ``fwd_capped``, ``bwd_capped``,
-    ``seconds``)."""
+    history (``loss`` (the cross-entropy), ``test_acc``, ``fwd_iters``, ``bwd_iters``,
+    ``fwd_capped``, ``bwd_capped``, ``tol`` (the epoch's forward tolerance), ``jacobian`` (the mean
+    penalty, with Jacobian regularisation), ``seconds``)."""
 
     name: str
     accuracy: float = 0.0
@@ -155,6 +165,7 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
                               f"{type(model).__name__}", term="TrainConfig.warm_start",
                               hint="train this model with warm_start=False")
         eq.enable_warm_start(len(loader.dataset))  # a typed error without uniqueness
+    _check_speed_options(cfg, eq, model)
     if cfg.eval_every < 1:
         raise OptionError(f"eval_every = {cfg.eval_every} must be ≥ 1",
                           term="TrainConfig.eval_every", hint="1 evaluates after every epoch")
@@ -164,7 +175,9 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
     fwd_capped = bwd_capped = 0
     for epoch in bar:
         te = time.perf_counter()
-        loss, meter = _epoch(model, eq, loader, opt, cfg, gen, dev)
+        if cfg.tol_schedule is not None and eq is not None:
+            eq.eq.config.forward.tol = scheduled_tol(cfg.tol_schedule, epoch, cfg.epochs)
+        loss, meter, penalty = _epoch(model, eq, loader, opt, cfg, gen, dev)
         sched.step()
         last = epoch + 1 == cfg.epochs
         acc = (accuracy(model, x_test, y_test, cfg.eval_batch)
@@ -173,6 +186,9 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
         if eq is not None:
             s = meter.summary()
             row.update(s)
+            row["tol"] = eq.eq.tol
+            if cfg.jacobian_reg > 0:
+                row["jacobian"] = penalty
             fwd_capped += int(s["fwd_capped"])
             bwd_capped += int(s["bwd_capped"])
         row["seconds"] = time.perf_counter() - te
@@ -193,13 +209,46 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
     return res
 
 
+def scalar_ok(v: float) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _check_speed_options(cfg: TrainConfig, eq: EquilibriumClassifier | None,
+                         model: nn.Module) -> None:
+    """Jacobian regularisation and the tolerance schedule: valid values, and only for an
+    equilibrium model (refused, never ignored, for another)."""
+    if not (scalar_ok(cfg.jacobian_reg) and cfg.jacobian_reg >= 0):
+        raise OptionError(f"jacobian_reg = {cfg.jacobian_reg!r} must be a finite number ≥ 0",
+                          term="TrainConfig.jacobian_reg", hint="0 turns it off")
+    sched = cfg.tol_schedule
+    if sched is not None and not (len(sched) == 2 and all(scalar_ok(t) and t > 0
+                                                         for t in sched)):
+        raise OptionError(f"tol_schedule = {sched!r} must be two tolerances (start, end) > 0",
+                          term="TrainConfig.tol_schedule", hint="e.g. (1e-2, 1e-4)")
+    used = [n for n, on in (("jacobian_reg", cfg.jacobian_reg > 0),
+                            ("tol_schedule", sched is not None)) if on]
+    if used and eq is None:
+        raise OptionError(f"{', '.join(used)} applies to an EquilibriumClassifier, not to "
+                          f"{type(model).__name__}", term=f"TrainConfig.{used[0]}",
+                          hint="train this model without it")
+
+
+def scheduled_tol(schedule: tuple[float, float], epoch: int, epochs: int) -> float:
+    """``start·(end/start)^(e/(E−1))`` for epoch ``e`` (from 0) of ``E`` (one epoch: ``end``)."""
+    start, end = schedule
+    if epochs <= 1:
+        return float(end)
+    return float(start * (end / start) ** (epoch / (epochs - 1)))
+
+
 def _epoch(model: nn.Module, eq: EquilibriumClassifier | None,
            loader: torch.utils.data.DataLoader, opt: torch.optim.Optimizer, cfg: TrainConfig,
-           gen: torch.Generator, dev: torch.device) -> tuple[float, StatsMeter]:
-    """One pass over ``loader``: ``(mean loss, the solver statistics of its steps)``."""
+           gen: torch.Generator, dev: torch.device) -> tuple[float, StatsMeter, float]:
+    """One pass over ``loader``: ``(mean cross-entropy, the solver statistics of its steps,
+    mean Jacobian penalty)``."""
     model.train()
     meter = StatsMeter()
-    tot, nb = 0.0, 0
+    tot, pen_tot, nb = 0.0, 0.0, 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # counted from the stats
         for batch in loader:
@@ -209,16 +258,22 @@ def _epoch(model: nn.Module, eq: EquilibriumClassifier | None,
                 xb = random_shift(xb, cfg.shift, gen)
             if eq is not None:
                 eq.reset_stats()
-            logits = model(xb, sample_ids=ids) if ids is not None else model(xb)
-            loss = nn.functional.cross_entropy(logits, yb)
+            if cfg.jacobian_reg > 0:
+                logits, penalty = model(xb, sample_ids=ids, jacobian_penalty=True)
+                loss = nn.functional.cross_entropy(logits, yb)
+                pen_tot += float(penalty.detach())
+                total = loss + cfg.jacobian_reg * penalty
+            else:
+                logits = model(xb, sample_ids=ids) if ids is not None else model(xb)
+                loss = total = nn.functional.cross_entropy(logits, yb)
             opt.zero_grad()
-            loss.backward()
+            total.backward()
             opt.step()
             if eq is not None:
                 meter.update(eq.solver_stats())
             tot += float(loss.detach())
             nb += 1
-    return tot / max(nb, 1), meter
+    return tot / max(nb, 1), meter, pen_tot / max(nb, 1)
 
 
 def verify_layer(model: EquilibriumClassifier, x: torch.Tensor, k: int) -> str:

@@ -3,27 +3,51 @@
 Two wings: the deriving side (``lower``, the rules, ``DerivedLayer``, the derivation trace, the
 converter, the perturbation) and :mod:`lowering.runtime` (the emitted module and what runs it),
 which imports the deriving side and registers the emitters ``DerivedLayer.torch_module`` uses.
+
+Deriving and printing a layer load no torch: the runtime's names (and the converter, whose
+network is a ``torch.nn.Module``) are imported on first use, and the runtime is imported by the
+first ``torch_module()`` call (PEP 562 module ``__getattr__``).
 """
 
-from .converter import ConvertedNetwork, convert
-from .derived import DerivedLayer, register_edit
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .derived import EMITTER_LOADERS, DerivedLayer, register_edit
 from .lower import derive_again, lower, register_rule, unregister_rule
 from .perturbation import Perturbation, perturbation, perturbation_enhanced
-from .runtime import (
-    BACKWARD_STRATEGIES,
-    SOLVERS,
-    BackwardConfig,
-    EquilibriumModule,
-    ModuleConfig,
-    SAMConfig,
-    SolveConfig,
-    SolverStats,
-    WeightControlConfig,
-    register_backward,
-    register_solver,
-    solve,
-)
 from .trace import Claim, Contraction, Derivation, Step
+
+#: public names imported on first use → the module that defines them
+_DEFERRED = {
+    **dict.fromkeys(("ConvertedNetwork", "convert"), "lowering.converter"),
+    **dict.fromkeys(("BACKWARD_STRATEGIES", "SOLVERS", "BackwardConfig", "EquilibriumModule",
+                     "ModuleConfig", "SAMConfig", "SolveConfig", "SolverStats",
+                     "WeightControlConfig", "register_backward", "register_solver", "solve"),
+                    "lowering.runtime"),
+}
+
+
+def _load_runtime() -> None:
+    importlib.import_module("lowering.runtime")
+
+
+EMITTER_LOADERS.append(_load_runtime)
+
+
+def __getattr__(name: str) -> Any:
+    home = _DEFERRED.get(name)
+    if home is None:
+        raise AttributeError(f"module 'lowering' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later reads are plain module attributes
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_DEFERRED))
+
 
 __all__ = [
     "BACKWARD_STRATEGIES",

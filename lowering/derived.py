@@ -6,8 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from convex_eq._lazy import torch
 from convex_eq.affine import values_from
 from convex_eq.errors import OptionError, ShapeError
 from convex_eq.symbols import Env, Symbol, as_tensor
@@ -29,6 +28,21 @@ def register_emitter(backend: str) -> Callable[[Callable[..., torch.nn.Module]],
         return emit
 
     return deco
+
+
+#: callables that import the modules registering emitters; ``torch_module`` runs them when the
+#: backend asked for is not registered yet (``import lowering`` enters one that imports the
+#: runtime, so deriving a layer loads no torch and emitting one loads the runtime)
+EMITTER_LOADERS: list[Callable[[], object]] = []
+
+
+def _emitter(backend: str) -> Callable[..., torch.nn.Module] | None:
+    for load in list(EMITTER_LOADERS):
+        if backend in EMITTERS:
+            break
+        load()  # a failing import raises here and stays entered, to raise again next time
+        EMITTER_LOADERS.remove(load)
+    return EMITTERS.get(backend)
 
 
 #: edits of a derived layer, ``name → edit(derived, **options) -> DerivedLayer`` (e.g. MOptEq's
@@ -217,9 +231,8 @@ class DerivedLayer:
         :class:`~lowering.runtime.config.ModuleConfig`) or ``"cvxpylayers"`` (an exact conic
         solve); docs/guide.md, the emitted module."""
         backend = options.pop("backend", "fixed_point")
-        emit = EMITTERS.get(backend)
+        emit = _emitter(backend)
         if emit is None:
             raise OptionError(f"unknown backend {backend!r}", term="torch_module",
-                              hint=f"use one of {sorted(EMITTERS) or ['fixed_point']} (the "
-                              "backends are registered when the lowering package is imported)")
+                              hint=f"use one of {sorted(EMITTERS)}")
         return emit(self, **options)

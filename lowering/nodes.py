@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
-import torch
-
+from convex_eq._lazy import torch
 from convex_eq.affine import Affine
 from convex_eq.symbols import Env, Symbol
 from convex_eq.terms.base import Term
 from convex_eq.terms.moreau import MoreauEnvelope
 from convex_eq.terms.potential import act_latex as _sig
 
-Z_t = Mapping[str, torch.Tensor]
+#: states by name (a string annotation: declaring and deriving load no torch)
+Z_t = Mapping[str, "torch.Tensor"]
 
 #: active during a forward solve (``partial_evaluation()``): the parts of the terms' affine
 #: arguments that do not depend on the state (input injections ``U x + b``), computed once

@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
+from convex_eq._lazy import torch
 from convex_eq.errors import LoweringError, ScaleError
 from convex_eq.objective import Objective
 from convex_eq.symbols import Env

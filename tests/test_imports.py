@@ -153,3 +153,51 @@ def test_verify_properties_import_without_hypothesis() -> None:
     count, refused = out.strip().splitlines()
     assert int(count) > 0
     assert refused.startswith("refused:") and "pip install 'convex-eq[test]'" in refused
+
+
+def test_derive_of_each_example_loads_no_torch_and_emitting_loads_the_runtime() -> None:
+    """``convex-eq derive FILE:NAME`` (text and LaTeX) derives and prints without torch: the
+    certificate's norms are measured on the declared numpy values; the first ``torch_module()``
+    then imports the runtime and the module runs."""
+    out = _run("""
+        import contextlib, io
+        from convex_eq_app.cli import main
+        names = ("opteq_relu", "opteq_l1", "opteq_tanh", "deep2", "geq")
+        for name in names:
+            for extra in ([], ["--latex"]):
+                with contextlib.redirect_stdout(io.StringIO()) as text:
+                    assert main(["derive", f"examples/models.py:{name}", *extra]) == 0
+                assert "derivation" in text.getvalue() or "\\\\" in text.getvalue(), name
+        print(sorted(m for m in HEAVY + ("torch", "lowering.runtime") if m in sys.modules))
+        import lowering
+        from convex_eq import models
+        layer = lowering.lower(models.opteq(n=6, m=6, d=4, form="conjugate", seed=0))
+        print(sorted(m for m in ("torch", "lowering.runtime") if m in sys.modules))
+        module = layer.torch_module()
+        import torch
+        assert module(torch.randn(2, 4)).shape == (2, 6)
+        print(type(module).__name__, lowering.ModuleConfig.__module__)
+    """)
+    after_derive, after_lower, emitted = out.strip().splitlines()[-3:]
+    assert after_derive == "[]", f"derive imported {after_derive}"
+    assert after_lower == "[]", f"lowering.lower imported {after_lower}"
+    assert emitted == "EquilibriumModule lowering.runtime.config"
+
+
+def test_runtime_names_of_lowering_load_on_first_use() -> None:
+    out = _run("""
+        import lowering
+        print("lowering.runtime" in sys.modules, "torch" in sys.modules)
+        print(set(lowering.__all__) <= set(dir(lowering)))
+        from lowering import SolveConfig, convert
+        print("lowering.runtime" in sys.modules, SolveConfig.__name__, convert.__name__)
+        try:
+            lowering.no_such_name
+        except AttributeError as err:
+            print("AttributeError", err)
+    """)
+    before, listed, after, missing = out.strip().splitlines()[-4:]
+    assert before == "False False"
+    assert listed == "True"
+    assert after == "True SolveConfig convert"
+    assert missing == "AttributeError module 'lowering' has no attribute 'no_such_name'"

@@ -63,8 +63,9 @@ class Block:
 @dataclass
 class Dual:
     """State ``z = s Mᵀ y`` lifted to the dual block ``y`` (``M``: m × n); ``act`` and ``q``
-    (evaluated at the sample, None when absent or not a function of the inputs alone) define
-    the inner problem of ``ψ*`` that determines ``y`` from ``z`` (:meth:`argmin`)."""
+    (evaluated at the inputs, one row per sample of a batch lifted whole, None when absent or
+    not a function of the inputs alone) define the inner problem of ``ψ*`` that determines
+    ``y`` from ``z`` (:meth:`argmin`)."""
 
     block: str
     M: np.ndarray
@@ -73,15 +74,16 @@ class Dual:
     q: np.ndarray | None = None
     q_known: bool = True
 
-    def argmin(self, z: np.ndarray) -> np.ndarray | None:
-        """``y(z) = argmin{Σσ̃*(y) − <q, y> : Mᵀy = z/s}`` (``inner_argmin``: the Fenchel dual
-        by Newton from ``w = z``, exact at a fixed point ``z = sMᵀσ(Mz + q)``, accepted only
-        at constraint residual ~1e-12); None where it is not found (``z`` outside ``dom ψ*``)
-        or ``q`` is unknown."""
+    def argmin(self, z: np.ndarray, sample: int = 0) -> np.ndarray | None:
+        """``y(z) = argmin{Σσ̃*(y) − <q, y> : Mᵀy = z/s}`` with ``q`` of ``sample``
+        (``inner_argmin``: the Fenchel dual by Newton from ``w = z``, exact at a fixed point
+        ``z = sMᵀσ(Mz + q)``, accepted only at constraint residual ~1e-12); None where it is not
+        found (``z`` outside ``dom ψ*``) or ``q`` is unknown."""
         if self.act is None or not self.q_known:
             return None
         m = torch.as_tensor(self.M, dtype=T64)
-        q = torch.zeros(m.shape[0], dtype=T64) if self.q is None else torch.as_tensor(self.q)
+        q = torch.zeros(m.shape[0], dtype=T64) if self.q is None else \
+            torch.as_tensor(self.q[sample if self.q.shape[0] > 1 else 0])
         zt = torch.as_tensor(np.asarray(z, dtype=np.float64).reshape(-1))
         y = inner_argmin(self.act, m, q, zt / self.s, start=zt)
         return None if y is None else y.numpy().copy()
@@ -242,10 +244,10 @@ class LiftedProblem:
             parts = self.split(torch.as_tensor(v, dtype=T64))
             return {s: self.state_fns[s](parts)[0].numpy().copy() for s in self.top_states}
 
-    def lift_point(self, z: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    def lift_point(self, z: Mapping[str, np.ndarray], sample: int = 0) -> np.ndarray | None:
         """A free vector ``v`` with the given top-level states (None if it is not determined
         by them: auxiliary envelope blocks; a dual ``y`` with ``Mᵀ`` not injective is the
-        inner argmin of ``ψ*`` at the state, :meth:`Dual.argmin`)."""
+        inner argmin of ``ψ*`` at the state and ``sample``'s inputs, :meth:`Dual.argmin`)."""
         v = np.zeros(self.n)
         for b in self.blocks:
             if b.origin == "state" and b.of in z:
@@ -253,7 +255,7 @@ class LiftedProblem:
             elif b.origin == "dual" and b.of in z:
                 d = self.duals[b.of]
                 if np.linalg.matrix_rank(d.M) < d.M.shape[0]:  # y not linear in z
-                    y = d.argmin(np.asarray(z[b.of], dtype=np.float64))
+                    y = d.argmin(np.asarray(z[b.of], dtype=np.float64), sample)
                     if y is None:
                         return None
                     v[b.sl] = y
@@ -351,7 +353,7 @@ class BatchLifted(LiftedProblem):
 
     def lift_point(self, z: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """``z``: name → ``(B, size)``."""
-        vs = [self.one.lift_point({k: np.asarray(a)[b] for k, a in z.items()})
+        vs = [self.one.lift_point({k: np.asarray(a)[b] for k, a in z.items()}, b)
               for b in range(self.batch)]
         return None if any(v is None for v in vs) else np.concatenate(vs)
 
@@ -453,7 +455,8 @@ def _dual_block(sc: _Scope, c: Any, name: str) -> None:
     p.state_fns[name] = (lambda parts, b=blk.name, mt=mt, sc=c.s: sc * parts[b] @ mt)
     try:  # q at this sample (inputs and weights only), for Dual.argmin
         qv = None if c.q is None else c.q.evaluate(dict(sc.inputs), sc.env).to(T64)
-        qn, known = (None if qv is None else qv.reshape(-1).numpy().copy()), True
+        qn = None if qv is None else qv.reshape(-1, m.shape[0]).numpy().copy()  # (rows, m)
+        known = True
     except (ConvexEqError, KeyError):
         qn, known = None, False
     p.duals[name] = Dual(blk.name, m, c.s, c.act, qn, known)

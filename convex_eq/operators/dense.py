@@ -51,8 +51,7 @@ class Dense(LinOp):
 
     def matrix(self, env: Env | None = None) -> np.ndarray:
         """``W`` itself as a float64 numpy array (a copy)."""
-        t = resolve_weight(self.W, env, torch.empty((), dtype=torch.float64), self)
-        return finite_matrix(t.detach().numpy().copy(), str(self))
+        return finite_matrix(self.W.numpy(env), str(self))
 
     def symbols(self) -> list[Symbol]:
         """``[W]``."""

@@ -315,7 +315,7 @@ class _GammaMixin:
             raise ScaleError(f"γ = {g.symbol_text} depends on the sample: it has no single "
                              "value", term=str(self), hint="read it per sample with "
                              ".bandwidth(values)")
-        v = g.check(float(g.resolve(env)), term=str(self)) if isinstance(g, Scalar) else float(g)
+        v = g.check(float(g.numpy(env)), term=str(self)) if isinstance(g, Scalar) else float(g)
         if not (math.isfinite(v) and v > 0):
             raise ScaleError(f"γ = {v:g} must be positive", term=str(self),
                              hint="the Gaussian kernel bandwidth γ must be > 0")

@@ -79,7 +79,7 @@ class HSIC(Term):
     def sigma_value(self, env: Env | None = None) -> float:
         """The RBF width ``σ > 0`` at the current values (a ``ScaleError`` otherwise)."""
         s = self.sigma_rbf
-        v = s.check(float(s.resolve(env)), term=str(self)) if isinstance(s, Scalar) else float(s)
+        v = s.check(float(s.numpy(env)), term=str(self)) if isinstance(s, Scalar) else float(s)
         if not (math.isfinite(v) and v > 0):
             raise ScaleError(f"RBF width σ = {v:g} must be positive", term=str(self))
         return v

@@ -62,7 +62,7 @@ class FeatureIncay(Term):
 
     def eps_value(self, env: Env | None = None) -> float:
         """Current ``ε`` (must be positive and finite; ScaleError naming the term otherwise)."""
-        e = (self.eps.check(float(self.eps.resolve(env)), term=str(self))
+        e = (self.eps.check(float(self.eps.numpy(env)), term=str(self))
              if isinstance(self.eps, Scalar) else float(self.eps))
         if not (math.isfinite(e) and e > 0):
             raise ScaleError(f"ε = {e:g} must be positive", term=str(self),

@@ -139,11 +139,11 @@ class LinfBallIndicator(Term):
         """Current radius ``r > 0`` (raises ScaleError naming the term otherwise)."""
         rad = self.radius
         if isinstance(rad, Scalar):
-            r = rad.check(float(rad.resolve(env)), term=str(self))
+            r = rad.check(float(rad.numpy(env)), term=str(self))
         else:
             r = float(rad)
         for s in self.radius_scalars:
-            r *= s.check(float(s.resolve(env)), term=str(self))
+            r *= s.check(float(s.numpy(env)), term=str(self))
         if not (math.isfinite(r) and r > 0):
             raise ScaleError(f"ball radius = {r:g} must be positive and finite", term=str(self))
         return r

@@ -16,8 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from convex_eq._lazy import torch
 from convex_eq.activations.base import Activation
 from convex_eq.objective import Objective
 from convex_eq.terms.base import Term

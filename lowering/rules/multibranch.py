@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
+from convex_eq._lazy import torch
 from convex_eq.symbols import Env, Symbol
 from convex_eq.terms.coupling import ChannelDecorrelation, Coupling, SmoothChannelDecorrelation
 from convex_eq.terms.quadratic import Linear, SqNorm

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
+from convex_eq._lazy import torch
 from convex_eq.precompose import Precomposed
 
 from ..derived import DerivedLayer

@@ -24,8 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from convex_eq._lazy import torch
 from convex_eq.errors import LoweringError
 from convex_eq.inclusion import Inclusion, MonotonicityCertificate, Saddle, saddle_step_sizes
 from convex_eq.symbols import Env

@@ -324,10 +324,18 @@ class EquilibriumClassifier(nn.Module):
             blocks = (self.fusion(blocks),)
         return torch.cat([p(b) for p, b in zip(self.pools, blocks)], dim=1)
 
-    def forward(self, x: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, sample_ids: torch.Tensor | None = None,
+                jacobian_penalty: bool = False) -> Any:
         """The logits; ``sample_ids``: the samples' dataset indices, whose last equilibria start
-        their solves (after :meth:`enable_warm_start`)."""
-        return self.fc(self.pooled_features(self._equilibrium(self.prepare(x), sample_ids)))
+        their solves (after :meth:`enable_warm_start`); ``jacobian_penalty``: return ``(logits,
+        penalty)`` with the layer's Jacobian penalty at this equilibrium
+        (:meth:`~lowering.runtime.module.EquilibriumModule.jacobian_penalty`)."""
+        g = self.prepare(x)
+        z = self._equilibrium(g, sample_ids)
+        logits = self.fc(self.pooled_features(z))
+        if not jacobian_penalty:
+            return logits
+        return logits, self.eq.jacobian_penalty(self._shared(g), z)
 
     def enable_warm_start(self, size: int) -> Any:
         """Warm starts of the equilibrium layer for ``size`` samples

@@ -314,6 +314,16 @@ class EquilibriumModule(nn.Module):
                 return out
         return general_call(self, x, z0, return_stats, steps, weights, out_dtype, env, ids)
 
+    def jacobian_penalty(self, x: Any, z: Any, *, samples: int = 1,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+        """Jacobian regularisation: an unbiased Hutchinson estimate of ``||∂T/∂z||_F² / (B·N)``
+        at the output ``z`` this module returned for ``x``, differentiable in the weights (add
+        ``γ·penalty`` to the loss for fewer solver iterations;
+        :func:`lowering.runtime.jacobian.jacobian_penalty`; docs/guide.md, training speed)."""
+        from .jacobian import jacobian_penalty
+
+        return jacobian_penalty(self, x, z, samples=samples, generator=generator)
+
     # ------------------------------------------------------------------ certified bounds
     def error_bound(self, x: Any = None, z: torch.Tensor | None = None) -> torch.Tensor:
         """Per sample, ``||o − o*(x)||₂ ≤ c_e·||T(u) − u||₂`` for the returned output ``o`` of the

@@ -131,3 +131,27 @@ def test_the_table_says_when_the_held_out_accuracy_was_measured(every: int, epoc
            "mean_iterations": float("nan"), "nonconvergence": [0, 0], "train_time": 1.0,
            "verification": "—", "history": []}
     assert said in mnist1d_table([row], cfg, 10.0, 2)
+
+
+def test_the_table_shows_iterations_per_training_step_and_the_levers_used() -> None:
+    from convex_eq_app.configs import TableConfig
+    from convex_eq_app.results import mnist1d_table
+
+    cfg = {**TableConfig(epochs=2, jacobian_reg=0.25, tol_schedule=(1e-2, 1e-4),
+                         warm_start=True).__dict__, "workers": 1}
+
+    def row(seed: int, fwd: float, bwd: float) -> dict:
+        last = {"epoch": 2, "fwd_iters": fwd, "bwd_iters": bwd}
+        return {"name": "conv OptEq", "seed": seed, "accuracy": 0.5, "params": 100,
+                "mean_iterations": 9.0, "nonconvergence": [0, 0], "train_time": 1.0,
+                "verification": "—", "history": [{"epoch": 1, "fwd_iters": 99.0,
+                                                   "bwd_iters": 99.0}, last]}
+
+    text = mnist1d_table([row(0, 8.0, 6.0), row(1, 10.0, 7.0)], cfg, 10.0, 2)
+    line = next(t for t in text.splitlines() if t.startswith("| conv OptEq |"))
+    assert "| 9.0 / 6.5 |" in line  # the last epoch's means (8, 10) and (6, 7), over the seeds
+    assert ("trained with warm starts from each signal's equilibrium of the epoch before; "
+            "Jacobian regularisation γ = 0.25; tolerance schedule 0.01 → 0.0001") in text
+    plain = mnist1d_table([row(0, 8.0, 6.0)], {**TableConfig(epochs=2).__dict__,
+                                                "workers": 1}, 10.0, 2)
+    assert "trained with" not in plain

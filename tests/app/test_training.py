@@ -37,3 +37,45 @@ def test_eval_every_measures_every_nth_epoch_and_the_last() -> None:
 def test_eval_every_below_one_is_refused() -> None:
     with pytest.raises(OptionError, match="eval_every"):
         fit(nn.Linear(8, 2), _data(), TrainConfig(epochs=1, eval_every=0), "linear")
+
+
+def _equilibrium_model() -> nn.Module:
+    import lowering
+    from convex_eq import models
+    from lowering.runtime.classifier import EquilibriumClassifier
+
+    torch.manual_seed(0)
+    return EquilibriumClassifier(lowering.lower(models.opteq(conv=(2, 3), image=(1, 1, 8))),
+                                 pooled=2, classes=2, input_shape=(1, 1, 8))
+
+
+def test_tol_schedule_sets_each_epochs_tolerance_geometrically() -> None:
+    res = fit(_equilibrium_model(), _data(),
+              TrainConfig(epochs=3, batch=32, tol_schedule=(1e-2, 1e-4)), "opteq")
+    # start·(end/start)^(e/(E−1)), e = 0, 1, 2: 1e-2, 1e-3, 1e-4
+    assert [h["tol"] for h in res.history] == pytest.approx([1e-2, 1e-3, 1e-4], rel=1e-12)
+
+
+def test_jacobian_regularisation_reports_its_penalty_and_trains() -> None:
+    model = _equilibrium_model()
+    res = fit(model, _data(), TrainConfig(epochs=2, batch=32, jacobian_reg=0.5), "opteq")
+    pens = [h["jacobian"] for h in res.history]
+    assert all(math.isfinite(p) and p > 0 for p in pens)
+    plain = fit(_equilibrium_model(), _data(), TrainConfig(epochs=1, batch=32), "opteq")
+    assert "jacobian" not in plain.history[0]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"jacobian_reg": -1.0}, "jacobian_reg"), ({"jacobian_reg": float("nan")}, "jacobian_reg"),
+    ({"tol_schedule": (1e-2,)}, "tol_schedule"), ({"tol_schedule": (0.0, 1e-4)}, "tol_schedule"),
+])
+def test_bad_speed_options_are_refused(bad: dict, match: str) -> None:
+    with pytest.raises(OptionError, match=match):
+        fit(_equilibrium_model(), _data(), TrainConfig(epochs=1, **bad), "opteq")
+
+
+@pytest.mark.parametrize("option", [{"jacobian_reg": 0.1}, {"tol_schedule": (1e-2, 1e-4)}])
+def test_speed_options_are_refused_for_a_model_without_a_solve(option: dict) -> None:
+    with pytest.raises(OptionError, match="applies to an EquilibriumClassifier"):
+        fit(nn.Sequential(nn.Flatten(), nn.Linear(8, 2)), _data(),
+            TrainConfig(epochs=1, **option), "linear")

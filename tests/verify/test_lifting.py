@@ -178,3 +178,46 @@ def test_verify_point_conjugate_domain_stays_a_closed_box() -> None:
     rep = verified(ce.precompose(ce.PotentialConjugate("identity", z) + SqNorm(z),
                                   np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]))
     assert rep.passed, rep
+
+
+def test_a_batch_lifted_dual_uses_each_samples_own_injection() -> None:
+    """A batch-coupled objective (batch decorrelation) over a conjugate with a tall ``M``
+    (``Mᵀ`` not injective): lifting the whole batch, sample ``b``'s dual ``y_b`` is the inner
+    argmin at its own ``q_b = U x_b + b``.  With the identity activation that argmin is closed
+    form (``y = M w + q_b``, ``Mᵀ y = z_b``), solved here in numpy."""
+    from verify.lifting import lift_batch
+
+    rng = np.random.default_rng(0)
+    m, n, d = 3, 2, 1
+    W, U = 0.3 * rng.standard_normal((m, n)), rng.standard_normal((m, d))
+    b0 = rng.standard_normal(m)
+    z, x = State("z1", n), Input("x", d)
+    arg = -1.0 * (ce.Dense(Weight("W2", (m, n), W)) @ z) + ce.Dense(Weight("U4", (m, d), U)) @ x \
+        + Weight("b3", m, b0)
+    phi = ce.Objective([ce.Antiderivative("identity", arg).conjugate(), -SqNorm(z),
+                        ce.BatchDecorrelation(z) * 0.1])
+    xs = np.array([[-2.3], [-0.2]])
+    zs = rng.standard_normal((2, n))
+    p = lift_batch(phi, {"x": torch.as_tensor(xs)}, None)
+    v = p.lift_point({"z1": zs})
+    assert v is not None
+    M = -W
+    for k, y in enumerate(p.rows(v)):
+        q = U @ xs[k] + b0
+        w = np.linalg.solve(M.T @ M, zs[k] - M.T @ q)
+        # Newton on the inner problem stops at constraint residual ≤ 1e-11: y agrees to ~1e-10
+        np.testing.assert_allclose(y, M @ w + q, atol=1e-9)
+
+
+def test_verify_a_batch_decorrelated_conjugate_with_a_tall_map() -> None:
+    """The case the thorough fuzz profile found: verify crashed lifting the batch's duals."""
+    rng = np.random.default_rng(1)
+    z, x = State("z1", 2), Input("x", 1)
+    arg = -1.0 * (ce.Dense(Weight("W2", (3, 2), 0.3 * rng.standard_normal((3, 2)))) @ z) \
+        + ce.Dense(Weight("U4", (3, 1), rng.standard_normal((3, 1)))) @ x \
+        + Weight("b3", 3, rng.standard_normal(3))
+    phi = ce.Objective([ce.Antiderivative("identity", arg).conjugate(), -SqNorm(z),
+                        ce.BatchDecorrelation(z) * 0.1])
+    rep = verify.check(lowering.lower(phi, regularizer="auto"),
+                       {"x": torch.tensor([[-2.3], [-0.2]], dtype=torch.float64)})
+    assert rep.passed, rep.failures
