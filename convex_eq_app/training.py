@@ -5,7 +5,7 @@ Adam on the cross-entropy with a cosine learning-rate schedule, minibatches from
 your own yielding ``(x, y)`` or ``(x, y, index)``), optional shift augmentation (the same for
 every model), optional warm starts of the equilibrium layer from each sample's last
 equilibrium (``TrainConfig.warm_start``, for layers whose certificate makes it unique;
-docs/guide.md, warm starts); per epoch it logs the mean
+docs/guide.md, training speed); per epoch it logs the mean
 loss, the accuracy on the held-out part and, for an
 :class:`~lowering.runtime.classifier.EquilibriumClassifier`, the forward and backward solver
 statistics (:class:`~lowering.runtime.classifier.StatsMeter`).  Convergence warnings of the

@@ -176,7 +176,7 @@ class ModuleConfig:
     compile_steps: int = 16
     #: warm starts: the number of samples (dataset indices) whose last equilibrium is kept and
     #: used as the start of their next solve (``forward(x, sample_ids=...)``); 0: off.  Only
-    #: for layers whose equilibrium the certificate makes unique (docs/guide.md, warm starts)
+    #: for layers whose equilibrium the certificate makes unique (docs/guide.md, training speed)
     warm_start: int = 0
 
     def __post_init__(self) -> None:

@@ -156,7 +156,7 @@ class EquilibriumModule(nn.Module):
         """Keep the last equilibrium of each of ``size`` samples and start their next solves
         there (``forward(x, sample_ids=...)``; the same as building the module with
         ``warm_start=size``).  Refused with a typed error where the certificate does not make
-        the equilibrium unique (docs/guide.md, warm starts)."""
+        the equilibrium unique (docs/guide.md, training speed)."""
         from dataclasses import replace
 
         self.config = replace(self.config, warm_start=int(size))  # (validated there)
@@ -245,7 +245,7 @@ class EquilibriumModule(nn.Module):
         blocks), with the gradient of the configured backward strategy; ``return_stats`` also
         returns the forward :class:`~lowering.runtime.solvers.SolverStats`.  ``z0``: a warm
         start; ``sample_ids``: the dataset index of each sample, whose last equilibrium starts
-        its solve (a module built with ``warm_start=N``; docs/guide.md, warm starts).
+        its solve (a module built with ``warm_start=N``; docs/guide.md, training speed).
 
         Inside ``torch.compile`` the branch below is what dynamo traces (``is_compiling()`` is
         True only while tracing, and the traced code keeps it): the solve itself stays a graph

@@ -1,4 +1,4 @@
-"""Warm starts from a per-sample cache of equilibria (docs/guide.md, warm starts).
+"""Warm starts from a per-sample cache of equilibria (docs/guide.md, training speed).
 
 Where the layer's equilibrium is unique, any starting point converges to the same point, so
 starting each sample's solve from its equilibrium of the last time it was seen (the previous
