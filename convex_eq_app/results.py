@@ -127,6 +127,14 @@ def _levers(cfg: dict[str, Any]) -> str:
     return f" Equilibrium rows trained with {'; '.join(on)}." if on else ""
 
 
+def _lever_names(cfg: dict[str, Any]) -> str:
+    """`` — with …`` naming the iteration levers a train-table run used (a section title)."""
+    on = [n for n, key in (("warm starts", "warm_start"),
+                           ("Jacobian regularisation", "jacobian_reg"),
+                           ("a tolerance schedule", "tol_schedule")) if cfg.get(key)]
+    return f" — with {', '.join(on)}" if on else ""
+
+
 def _evaluations(cfg: dict[str, Any]) -> str:
     """When the held-out accuracy was measured (``eval_every``; records without it: after
     every epoch)."""
@@ -234,7 +242,8 @@ def section(doc: dict[str, Any], images: Sequence[str] = ()) -> list[str]:
     relative to the page)."""
     kind = doc["kind"]
     smoke = bool(doc.get("config", doc.get("budget", {})).get("quick"))
-    lines = [f"## {TITLES[kind]}{' — smoke run' if smoke else ''}", "",
+    levers = _lever_names(doc.get("config", {})) if kind == "train-table" else ""
+    lines = [f"## {TITLES[kind]}{levers}{' — smoke run' if smoke else ''}", "",
              *header_lines(doc["provenance"], smoke=smoke)]
     if kind == "demo":
         lines += [doc.get("setup", ""), "", demo_table(doc["results"]), "",

@@ -209,7 +209,7 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
     return res
 
 
-def scalar_ok(v: float) -> bool:
+def _finite_number(v: float) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -217,11 +217,11 @@ def _check_speed_options(cfg: TrainConfig, eq: EquilibriumClassifier | None,
                          model: nn.Module) -> None:
     """Jacobian regularisation and the tolerance schedule: valid values, and only for an
     equilibrium model (refused, never ignored, for another)."""
-    if not (scalar_ok(cfg.jacobian_reg) and cfg.jacobian_reg >= 0):
+    if not (_finite_number(cfg.jacobian_reg) and cfg.jacobian_reg >= 0):
         raise OptionError(f"jacobian_reg = {cfg.jacobian_reg!r} must be a finite number ≥ 0",
                           term="TrainConfig.jacobian_reg", hint="0 turns it off")
     sched = cfg.tol_schedule
-    if sched is not None and not (len(sched) == 2 and all(scalar_ok(t) and t > 0
+    if sched is not None and not (len(sched) == 2 and all(_finite_number(t) and t > 0
                                                          for t in sched)):
         raise OptionError(f"tol_schedule = {sched!r} must be two tolerances (start, end) > 0",
                           term="TrainConfig.tol_schedule", hint="e.g. (1e-2, 1e-4)")

@@ -155,3 +155,19 @@ def test_the_table_shows_iterations_per_training_step_and_the_levers_used() -> N
     plain = mnist1d_table([row(0, 8.0, 6.0)], {**TableConfig(epochs=2).__dict__,
                                                 "workers": 1}, 10.0, 2)
     assert "trained with" not in plain
+
+
+def test_a_table_run_with_levers_is_titled_by_them() -> None:
+    from convex_eq_app.configs import TableConfig
+    from convex_eq_app.results import section
+
+    def doc(**levers: object) -> dict:
+        cfg = {**TableConfig(epochs=1, **levers).__dict__, "workers": 1}
+        return {"kind": "train-table", "config": cfg, "rows": [], "wall_seconds": 1.0,
+                "cpus": 2, "columns": {}, "provenance": {"date": "d", "commit": "c",
+                                                         "versions": {}, "machine": {},
+                                                         "command": "convex-eq train-table"}}
+
+    assert section(doc())[0] == "## The seed models on MNIST-1D (`convex-eq train-table`)"
+    assert section(doc(warm_start=True, tol_schedule=(1e-2, 1e-4)))[0].endswith(
+        "— with warm starts, a tolerance schedule")
