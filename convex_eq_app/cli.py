@@ -109,6 +109,7 @@ def cmd_train_table(args: argparse.Namespace) -> int:
     cfg.warm_start = args.warm_start
     cfg.jacobian_reg = args.jacobian_reg
     cfg.tol_schedule = tuple(args.tol_schedule) if args.tol_schedule else None
+    cfg.backward, cfg.backward_solver = args.backward, args.backward_solver
     cfg.device = _device(args)
     with step("train-table"):
         run(out=args.out, cfg=cfg, progress=not args.no_progress, argv=args.argv)
@@ -278,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--jacobian-reg", type=float, default=0.0, metavar="GAMMA",
                     help="add GAMMA times a Hutchinson estimate of ||dT/dz||_F^2 / (B N) to the "
                     "equilibrium rows' loss (Jacobian regularisation; 0: off)")
+    tt.add_argument("--backward", choices=("implicit", "phantom"), default="implicit",
+                    help="gradient of the convex equilibrium rows: the exact implicit gradient "
+                    "or the one-step phantom gradient (GEQ always trains with phantom "
+                    "gradients, as its paper)")
+    tt.add_argument("--backward-solver", default=None, metavar="SOLVER",
+                    help="adjoint solver of the implicit gradient: anderson, plain, broyden, "
+                    "or auto (a direct solve when small, conjugate gradients on a symmetric "
+                    "adjoint); default: the forward's (anderson)")
     tt.add_argument("--tol-schedule", type=float, nargs=2, default=None,
                     metavar=("START", "END"),
                     help="the equilibrium rows' solver tolerance, geometric from START in the "

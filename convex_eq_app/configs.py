@@ -120,6 +120,11 @@ class TableConfig:
     warm_start: bool = False
     jacobian_reg: float = 0.0
     tol_schedule: tuple[float, float] | None = None
+    #: the backward of the rows that train with the implicit gradient by default (the convex
+    #: rows; GEQ trains with phantom gradients, as its paper) and their adjoint solver (None:
+    #: the forward's, Anderson)
+    backward: str = "implicit"
+    backward_solver: str | None = None
 
     @classmethod
     def quick_config(cls) -> TableConfig:

@@ -124,6 +124,10 @@ def _levers(cfg: dict[str, Any]) -> str:
     if cfg.get("tol_schedule"):
         a, b = cfg["tol_schedule"]
         on.append(f"tolerance schedule {a:g} → {b:g} (geometric over the epochs)")
+    if cfg.get("backward", "implicit") != "implicit":
+        on.append(f"{cfg['backward']} gradients in the convex rows")
+    if cfg.get("backward_solver"):
+        on.append(f"adjoint solver {cfg['backward_solver']}")
     return f" Equilibrium rows trained with {'; '.join(on)}." if on else ""
 
 
@@ -132,6 +136,10 @@ def _lever_names(cfg: dict[str, Any]) -> str:
     on = [n for n, key in (("warm starts", "warm_start"),
                            ("Jacobian regularisation", "jacobian_reg"),
                            ("a tolerance schedule", "tol_schedule")) if cfg.get(key)]
+    if cfg.get("backward", "implicit") != "implicit":
+        on.append(f"{cfg['backward']} gradients")
+    if cfg.get("backward_solver"):
+        on.append(f"the {cfg['backward_solver']} adjoint solver")
     return f" — with {', '.join(on)}" if on else ""
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 import lowering
 from convex_eq import models
-from convex_eq.errors import ConvergenceWarning
+from convex_eq.errors import ConvergenceWarning, OptionError
 from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
 from .configs import TableConfig
@@ -37,7 +37,8 @@ from .training import Result, TrainConfig, fit, n_params, verify_layer
 
 # ----------------------------------------------------------------------------- the models
 def _settings(cfg: TableConfig, bounds: dict[str, float] | None = None) -> TrainingSettings:
-    return TrainingSettings(tol=cfg.tol, max_iter=cfg.max_iter, weight_bounds=bounds)
+    return TrainingSettings(tol=cfg.tol, max_iter=cfg.max_iter, weight_bounds=bounds,
+                            backward=cfg.backward, backward_solver=cfg.backward_solver)
 
 
 def _classifier(obj: Any, cfg: TableConfig, bounds: dict[str, float] | None = None,
@@ -293,6 +294,30 @@ SMOKE = ("SMOKE RUN (--quick): tiny models, one epoch on 256 signals. It checks 
          "comparable with the published ones.")
 
 
+def check_levers(cfg: TableConfig) -> None:
+    """Refuse, before any training, iteration levers that a chosen equilibrium row cannot
+    take: warm starts where the layer's equilibrium is not certified unique, an unknown
+    adjoint solver or backward (each model is built once, untrained, to ask it)."""
+    if not (cfg.warm_start or cfg.backward != "implicit" or cfg.backward_solver):
+        return
+    shape = table_data(cfg).shape
+    refused = []
+    for name in model_names(cfg):
+        if name not in EQ_MODELS:
+            continue
+        try:
+            model = build(name, cfg, shape, cfg.seeds[0])
+            if cfg.warm_start:
+                model.enable_warm_start(1)
+        except OptionError as err:
+            refused.append(f"{name}: {err}")
+    if refused:
+        raise OptionError("iteration levers refused by equilibrium rows:\n  "
+                          + "\n  ".join(refused), term="train-table",
+                          hint="choose the rows that take them with --models, or change the "
+                          "option the error names")
+
+
 def run(out: str | Path = "convex_eq_table", cfg: TableConfig | None = None,
         progress: bool = True, argv: list[str] | None = None) -> dict[str, Any]:
     """Train every model on every seed (``cfg.workers`` processes, a progress bar counting
@@ -304,6 +329,7 @@ def run(out: str | Path = "convex_eq_table", cfg: TableConfig | None = None,
     from .provenance import collect
 
     cfg = cfg or TableConfig()
+    check_levers(cfg)
     out = output_dir(out)
     prov = collect(argv, cfg.device)
     log = out / "epochs.jsonl"

@@ -171,3 +171,19 @@ def test_a_table_run_with_levers_is_titled_by_them() -> None:
     assert section(doc())[0] == "## The seed models on MNIST-1D (`convex-eq train-table`)"
     assert section(doc(warm_start=True, tol_schedule=(1e-2, 1e-4)))[0].endswith(
         "— with warm starts, a tolerance schedule")
+
+
+def test_levers_a_row_cannot_take_are_refused_before_training() -> None:
+    from convex_eq.errors import OptionError
+
+    cfg = T.TableConfig.quick_config()
+    cfg.models, cfg.warm_start = ("conv OptEq", "GEQ (multi-branch, fixed γ)"), True
+    with pytest.raises(OptionError, match=r"GEQ \(multi-branch, fixed γ\): .*not certified "
+                                          "convex") as err:
+        T.check_levers(cfg)
+    assert "conv OptEq:" not in str(err.value)  # its equilibrium is certified unique
+    cfg.models = ("conv OptEq",)
+    T.check_levers(cfg)
+    cfg.warm_start, cfg.backward_solver = False, "no-such-solver"
+    with pytest.raises(OptionError, match="unknown solver 'no-such-solver'"):
+        T.check_levers(cfg)
