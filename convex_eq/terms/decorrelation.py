@@ -70,6 +70,12 @@ class BatchDecorrelation(Term):
 
     def batch_value(self, u: torch.Tensor) -> torch.Tensor:
         """``R`` for the flat batch ``u`` of shape ``(B, m)`` (a 0-d tensor)."""
+        if u.shape[0] == 1:
+            # one sample: D Z = sign(uᵀ), so R = ½k(k − 1) with k the non-zero features, locally
+            # constant; autograd through the normalization would return round-off magnified by
+            # 1/|u_i| near a zero feature instead of the exact gradient 0
+            k = (u != 0).sum().to(u.dtype)
+            return 0.5 * k * (k - 1) + 0.0 * u.sum()
         zh, _ = _normalized_rows(u)
         off = _off_diagonal(zh @ zh.transpose(0, 1))
         return 0.5 * (off * off).sum()

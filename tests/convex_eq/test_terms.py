@@ -574,6 +574,22 @@ def test_batch_decorrelation_zero_row_is_finite():
     assert torch.allclose(v, ref)
 
 
+def test_batch_decorrelation_of_one_sample_is_constant_with_zero_gradient() -> None:
+    """With one sample ``D Z = sign(uᵀ)``, so ``R = ½k(k − 1)`` for ``k`` non-zero features and
+    its gradient is exactly 0, also next to a zero feature (entries ~1e-15: the round-off of a
+    state that is 0), where autograd through the row normalization returned ~0.1."""
+    term = 0.19239 * BatchDecorrelation(State("z", 4))
+    tiny = [float.fromhex(h) for h in ("-0x1.acp-51", "-0x1.4p-51", "0x0p+0", "0x1.6p-51")]
+    for row, k in ((tiny, 3), ([0.3, -2.0, 5.0, 1e-3], 4), ([0.0, 0.0, 1.0, 0.0], 1)):
+        u = torch.tensor([row], dtype=torch.float64, requires_grad=True)
+        v = term.value({"z": u})
+        assert float(v.detach()[0]) == 0.19239 * 0.5 * k * (k - 1)  # the closed form, exactly
+        (g,) = torch.autograd.grad(v.sum(), u)
+        assert torch.equal(g, torch.zeros_like(g))
+        analytic = term.grad({"z": u.detach()})["z"]
+        assert torch.equal(analytic, torch.zeros(1, 4, dtype=torch.float64))
+
+
 def _hsic_reference(u: np.ndarray, sigma: float) -> float:
     B, m = u.shape
     H = np.eye(B) - np.ones((B, B)) / B
