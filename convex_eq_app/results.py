@@ -133,9 +133,12 @@ def _levers(cfg: dict[str, Any]) -> str:
 
 def _lever_names(cfg: dict[str, Any]) -> str:
     """`` — with …`` naming the iteration levers a train-table run used (a section title)."""
-    on = [n for n, key in (("warm starts", "warm_start"),
-                           ("Jacobian regularisation", "jacobian_reg"),
-                           ("a tolerance schedule", "tol_schedule")) if cfg.get(key)]
+    on = ["warm starts"] if cfg.get("warm_start") else []
+    if cfg.get("jacobian_reg"):
+        on.append(f"Jacobian regularisation γ = {cfg['jacobian_reg']:g}")
+    if cfg.get("tol_schedule"):
+        a, b = cfg["tol_schedule"]
+        on.append(f"tolerance schedule {a:g} → {b:g}")
     if cfg.get("backward", "implicit") != "implicit":
         on.append(f"{cfg['backward']} gradients")
     if cfg.get("backward_solver"):
@@ -295,9 +298,73 @@ def render(docs: Sequence[dict[str, Any]], sources: Sequence[str],
              "[user guide](guide.md), [the reproduce page](reproduce.md) and "
              "[the performance page](performance.md).", "",
              f"Sources: {', '.join(f'`{s}`' for s in sources)}.", ""]
-    for i in sorted(range(len(docs)), key=lambda i: order[docs[i]["kind"]]):
+    ranked = sorted(range(len(docs)), key=lambda i: order[docs[i]["kind"]])
+    for j, i in enumerate(ranked):
         lines += section(docs[i], plots[i])
+        last_table = docs[i]["kind"] == "train-table" and (
+            j + 1 == len(ranked) or docs[ranked[j + 1]]["kind"] != "train-table")
+        if last_table:
+            lines += lever_summary([docs[k] for k in ranked], [sources[k] for k in ranked])
     return "\n".join(lines).rstrip() + "\n"
+
+
+#: the equilibrium row the iteration levers are compared on, and its yardstick
+LEVER_MODEL, YARDSTICK = "conv OptEq", "CNN (same #params)"
+
+
+def lever_summary(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> list[str]:
+    """A table comparing the conv OptEq row across the train-table runs that trained it with
+    the same epochs and seeds (the iteration levers each run used; none: the baseline), or
+    nothing when fewer than two such runs are given."""
+    runs = [(d, s) for d, s in zip(docs, sources) if d["kind"] == "train-table"
+            and any(r["name"] == LEVER_MODEL for r in d["rows"])]
+    keys = {(d["config"]["epochs"], tuple(d["config"]["seeds"])) for d, _ in runs}
+    if len(runs) < 2 or len(keys) != 1:
+        return []
+    lines = [f"### Iteration levers on the {LEVER_MODEL} row", "",
+             f"The {LEVER_MODEL} rows of the train-table runs above, side by side (each run's "
+             "provenance heads its section; same data, epochs and seeds).", "",
+             "| run | levers | test acc. (%) | fwd / adjoint iters per step (all epochs) | "
+             "s per training epoch | × the CNN's |", "|---|---|---|---|---|---|"]
+    for d, src in runs:
+        rs = [r for r in d["rows"] if r["name"] == LEVER_MODEL]
+        accs = [100 * r["accuracy"] for r in rs]
+        mean = sum(accs) / len(accs)
+        sd = (math.sqrt(sum((a - mean) ** 2 for a in accs) / (len(accs) - 1))
+              if len(accs) > 1 else 0.0)
+        hist = [h for r in rs for h in r.get("history", [])]
+        its = " / ".join(_mean_of(hist, k) for k in ("fwd_iters", "bwd_iters"))
+        sec = _training_epoch_seconds(rs, d["config"])
+        cnn = _training_epoch_seconds([r for r in d["rows"] if r["name"] == YARDSTICK],
+                                      d["config"])
+        ratio = f"{sec / cnn:.1f}" if sec and cnn else "—"
+        levers = _lever_names(d["config"]).removeprefix(" — with ") or "none (baseline)"
+        lines.append(f"| `{src}` | {levers} | {mean:.1f} ± {sd:.1f} | {its} | "
+                     f"{sec:.2f} | {ratio} |" if sec else
+                     f"| `{src}` | {levers} | {mean:.1f} ± {sd:.1f} | {its} | — | — |")
+    lines += ["", "Columns: **s per training epoch**: median wall seconds of the epochs without a "
+              "held-out evaluation, over the seeds; **× the CNN's**: that median over the "
+              f"{YARDSTICK}'s in the same run (— where the run trained no CNN); iterations: "
+              "mean per training step over every epoch and seed (— for an adjoint the run "
+              "did not solve).", ""]
+    return lines
+
+
+def _mean_of(hist: Sequence[dict[str, Any]], key: str) -> str:
+    xs = [h[key] for h in hist if isinstance(h.get(key), (int, float)) and math.isfinite(h[key])]
+    return f"{sum(xs) / len(xs):.2f}" if xs else "—"
+
+
+def _training_epoch_seconds(rows: Sequence[dict[str, Any]], cfg: dict[str, Any]) -> float:
+    """Median seconds of the epochs without a held-out evaluation (0.0 where there are none)."""
+    every, epochs = int(cfg.get("eval_every", 1)), int(cfg["epochs"])
+    evaluated = set(range(every, epochs + 1, every)) | {epochs}
+    xs = sorted(h["seconds"] for r in rows for h in r.get("history", [])
+                if h.get("epoch") not in evaluated and "seconds" in h)
+    if not xs:
+        return 0.0
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def write_page(sources: Sequence[str | Path], out: str | Path) -> Path:

@@ -170,7 +170,7 @@ def test_a_table_run_with_levers_is_titled_by_them() -> None:
 
     assert section(doc())[0] == "## The seed models on MNIST-1D (`convex-eq train-table`)"
     assert section(doc(warm_start=True, tol_schedule=(1e-2, 1e-4)))[0].endswith(
-        "— with warm starts, a tolerance schedule")
+        "— with warm starts, tolerance schedule 0.01 → 0.0001")
 
 
 def test_levers_a_row_cannot_take_are_refused_before_training() -> None:
@@ -187,3 +187,33 @@ def test_levers_a_row_cannot_take_are_refused_before_training() -> None:
     cfg.warm_start, cfg.backward_solver = False, "no-such-solver"
     with pytest.raises(OptionError, match="unknown solver 'no-such-solver'"):
         T.check_levers(cfg)
+
+
+def test_the_lever_summary_compares_the_conv_opteq_rows_of_the_runs() -> None:
+    from convex_eq_app.configs import TableConfig
+    from convex_eq_app.results import lever_summary
+
+    def hist(secs: list[float], fwd: float, bwd: float) -> list[dict]:
+        return [{"epoch": e + 1, "seconds": s, "fwd_iters": fwd, "bwd_iters": bwd}
+                for e, s in enumerate(secs)]
+
+    def doc(rows: list[dict], **levers: object) -> dict:
+        return {"kind": "train-table", "rows": rows,
+                "config": {**TableConfig(epochs=3, eval_every=2, **levers).__dict__}}
+
+    def row(name: str, acc: float, secs: list[float], fwd: float = 0.0, bwd: float = 0.0) -> dict:
+        return {"name": name, "seed": 0, "accuracy": acc, "history": hist(secs, fwd, bwd)}
+
+    # epochs 2 and 3 are evaluated (every 2, and the last): only epoch 1's seconds count
+    base = doc([row("conv OptEq", 0.5, [3.0, 9.0, 9.0], 10.0, 8.0),
+                row("CNN (same #params)", 0.7, [0.2, 5.0, 5.0])])
+    fast = doc([row("conv OptEq", 0.6, [1.5, 9.0, 9.0], 5.0, 4.0)], tol_schedule=(1e-2, 1e-4))
+    lines = lever_summary([base, fast], ["runs/a", "runs/b"])
+    text = "\n".join(lines)
+    assert "| `runs/a` | none (baseline) | 50.0 ± 0.0 | 10.00 / 8.00 | 3.00 | 15.0 |" in text
+    assert "| `runs/b` | tolerance schedule 0.01 → 0.0001 | 60.0 ± 0.0 | 5.00 / 4.00 | 1.50 | — |" \
+        in text
+    assert lever_summary([base], ["runs/a"]) == []  # one run: nothing to compare
+    other = doc([row("conv OptEq", 0.6, [1.5, 9.0, 9.0])])
+    other["config"]["epochs"] = 4  # a different budget is not compared
+    assert lever_summary([base, other], ["runs/a", "runs/c"]) == []
