@@ -36,7 +36,13 @@ def _load_runtime() -> None:
 EMITTER_LOADERS.append(_load_runtime)
 
 
+#: subpackages reachable as attributes before anything imported them (``lowering.runtime.X``)
+_SUBMODULES = ("runtime", "converter")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"lowering.{name}")  # (the import sets the attribute)
     home = _DEFERRED.get(name)
     if home is None:
         raise AttributeError(f"module 'lowering' has no attribute {name!r}")

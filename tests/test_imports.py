@@ -201,3 +201,9 @@ def test_runtime_names_of_lowering_load_on_first_use() -> None:
     assert listed == "True"
     assert after == "True SolveConfig convert"
     assert missing == "AttributeError module 'lowering' has no attribute 'no_such_name'"
+    # the subpackage as an attribute of a fresh `import lowering`, as before it was lazy
+    out = _run("""
+        import lowering
+        print(lowering.runtime.module.EquilibriumModule.__name__)
+    """)
+    assert out.strip().splitlines()[-1] == "EquilibriumModule"
