@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,6 +40,11 @@ class Symbol:
 
     #: the symbol's role: ``"state"``, ``"input"``, ``"weight"``, ``"constant"`` or ``"scalar"``
     kind: str = "symbol"
+    #: a value given as numbers or numpy, while no tensor has been made of it (class default:
+    #: symbols unpickled from before the attribute existed)
+    _array: np.ndarray | None = None
+    #: the value is being made (in another thread, or re-entrantly in this one)
+    _making = False
 
     def __init__(self, name: str, shape: tuple[int, ...] | int = (), value: Any = None):
         if not isinstance(name, str) or not name.isidentifier():
@@ -67,10 +73,19 @@ class Symbol:
     def value(self) -> torch.Tensor | None:
         """The bound value (a tensor of shape ``shape``), or None.  A value given as numbers or
         a numpy array becomes a float64 tensor on first read: declaring imports no torch."""
-        if self._make is not None:
-            make, self._make = self._make, None
-            self._value, self._array = make(), None
-            self._made()
+        if self._make is not None or self._making:
+            with _MAKING:  # (threads reading a value first at once: one makes, the others wait)
+                make = self._make
+                if make is not None:
+                    self._make, self._making = None, True  # re-entrant reads see it in progress
+                    try:
+                        self._value, self._array = make(), None
+                        self._made()
+                    except BaseException:
+                        self._make = make
+                        raise
+                    finally:
+                        self._making = False
         return self._value
 
     @value.setter
@@ -124,10 +139,11 @@ class Symbol:
         if (env is None or self.name not in env) and self._make is not None \
                 and self._array is not None:
             return self._array.copy()
-        if env is not None and self.name in env and not is_tensor(env[self.name]):
-            v = np.array(env[self.name], dtype=np.float64)
-        else:
-            v = self.resolve(env).detach().to("cpu", torch.float64).numpy().copy()
+        raw = env[self.name] if env is not None and self.name in env else self.resolve(env)
+        v = (raw.detach().to("cpu", torch.float64).numpy().copy() if is_tensor(raw)
+             else np.array(raw, dtype=np.float64))  # (a value bound as a plain number)
+        if self.shape == () and v.size == 1:
+            v = v.reshape(self.shape)  # a one-element tensor for a scalar, as float() reads it
         if v.shape != self.shape:
             raise ShapeError(f"value of '{self.name}' has shape {v.shape}, declared shape is "
                              f"{self.shape}", term=self.name)
@@ -264,6 +280,8 @@ class Weight(Symbol):
 
 #: weights declared before torch was imported, waiting for their draws (declaration order)
 _PENDING: list[weakref.ref[Weight]] = []
+#: held while a lazily declared value is made (re-entrant: making one value may read others)
+_MAKING = threading.RLock()
 
 
 def _draw_pending() -> None:

@@ -53,9 +53,10 @@ class TrainConfig:
     #: ||∂T/∂z||_F² / (B·N) at the equilibrium), for fewer solver iterations (an
     #: EquilibriumClassifier; 0 = off; docs/guide.md, training speed)
     jacobian_reg: float = 0.0
-    #: ``(start, end)``: the forward (and adjoint) tolerance of epoch ``e`` of ``E`` is
-    #: ``start·(end/start)^(e/(E−1))``, loose early and tight at the end (an
-    #: EquilibriumClassifier; None = the module's own tolerance throughout)
+    #: ``(start, end)``: the forward tolerance of epoch ``e`` of ``E`` is
+    #: ``start·(end/start)^(e/(E−1))``, loose early and tight at the end; the adjoint follows it
+    #: unless the module sets its own ``backward_tol`` (an EquilibriumClassifier; None = the
+    #: module's own tolerance throughout; ``fit`` restores the module's tolerance when it ends)
     tol_schedule: tuple[float, float] | None = None
 
 
@@ -173,39 +174,44 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
     t0 = time.perf_counter()
     bar = tqdm(range(cfg.epochs), desc=f"{name:<24}", disable=not progress, leave=True)
     fwd_capped = bwd_capped = 0
-    for epoch in bar:
-        te = time.perf_counter()
-        if cfg.tol_schedule is not None and eq is not None:
-            eq.eq.config.forward.tol = scheduled_tol(cfg.tol_schedule, epoch, cfg.epochs)
-        loss, meter, penalty = _epoch(model, eq, loader, opt, cfg, gen, dev)
-        sched.step()
-        last = epoch + 1 == cfg.epochs
-        acc = (accuracy(model, x_test, y_test, cfg.eval_batch)
-               if last or (epoch + 1) % cfg.eval_every == 0 else float("nan"))
-        row: dict[str, float] = {"epoch": epoch + 1, "loss": loss, "test_acc": acc}
+    saved_tol = eq.eq.config.forward.tol if eq is not None else None
+    try:
+        for epoch in bar:
+            te = time.perf_counter()
+            if cfg.tol_schedule is not None and eq is not None:
+                eq.eq.config.forward.tol = scheduled_tol(cfg.tol_schedule, epoch, cfg.epochs)
+            loss, meter, penalty = _epoch(model, eq, loader, opt, cfg, gen, dev)
+            sched.step()
+            last = epoch + 1 == cfg.epochs
+            acc = (accuracy(model, x_test, y_test, cfg.eval_batch)
+                   if last or (epoch + 1) % cfg.eval_every == 0 else float("nan"))
+            row: dict[str, float] = {"epoch": epoch + 1, "loss": loss, "test_acc": acc}
+            if eq is not None:
+                s = meter.summary()
+                row.update(s)
+                row["tol"] = eq.eq.tol
+                if cfg.jacobian_reg > 0:
+                    row["jacobian"] = penalty
+                fwd_capped += int(s["fwd_capped"])
+                bwd_capped += int(s["bwd_capped"])
+            row["seconds"] = time.perf_counter() - te
+            res.history.append(row)
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}")
+            if on_epoch is not None:
+                on_epoch(row)
+        res.train_time = time.perf_counter() - t0
+        res.accuracy = res.history[-1]["test_acc"] if res.history else \
+            accuracy(model, x_test, y_test, cfg.eval_batch)
         if eq is not None:
-            s = meter.summary()
-            row.update(s)
-            row["tol"] = eq.eq.tol
-            if cfg.jacobian_reg > 0:
-                row["jacobian"] = penalty
-            fwd_capped += int(s["fwd_capped"])
-            bwd_capped += int(s["bwd_capped"])
-        row["seconds"] = time.perf_counter() - te
-        res.history.append(row)
-        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}")
-        if on_epoch is not None:
-            on_epoch(row)
-    res.train_time = time.perf_counter() - t0
-    res.accuracy = res.history[-1]["test_acc"] if res.history else \
-        accuracy(model, x_test, y_test, cfg.eval_batch)
-    if eq is not None:
-        res.nonconvergence = (fwd_capped, bwd_capped)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            st = eq.measure(x_test[: cfg.eval_batch])
-        res.mean_iterations = float(st.iterations.double().mean())
-        res.final_residual = st.max_residual
+            res.nonconvergence = (fwd_capped, bwd_capped)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                st = eq.measure(x_test[: cfg.eval_batch])
+            res.mean_iterations = float(st.iterations.double().mean())
+            res.final_residual = st.max_residual
+    finally:  # the schedule is training's: the module keeps the tolerance it was built with
+        if eq is not None and cfg.tol_schedule is not None:
+            eq.eq.config.forward.tol = saved_tol
     return res
 
 

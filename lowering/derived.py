@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,12 +37,17 @@ def register_emitter(backend: str) -> Callable[[Callable[..., torch.nn.Module]],
 EMITTER_LOADERS: list[Callable[[], object]] = []
 
 
+_LOADING = threading.Lock()
+
+
 def _emitter(backend: str) -> Callable[..., torch.nn.Module] | None:
-    for load in list(EMITTER_LOADERS):
-        if backend in EMITTERS:
-            break
-        load()  # a failing import raises here and stays entered, to raise again next time
-        EMITTER_LOADERS.remove(load)
+    if backend not in EMITTERS and EMITTER_LOADERS:
+        with _LOADING:  # (threads emitting their first modules at once load the runtime once)
+            for load in list(EMITTER_LOADERS):
+                if backend in EMITTERS:
+                    break
+                load()  # a failing import raises here and stays entered, to raise again
+                EMITTER_LOADERS.remove(load)
     return EMITTERS.get(backend)
 
 

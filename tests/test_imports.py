@@ -207,3 +207,28 @@ def test_runtime_names_of_lowering_load_on_first_use() -> None:
         print(lowering.runtime.module.EquilibriumModule.__name__)
     """)
     assert out.strip().splitlines()[-1] == "EquilibriumModule"
+
+
+def test_threads_emitting_their_first_modules_at_once_load_the_runtime_once() -> None:
+    out = _run("""
+        import threading
+        import lowering
+        from convex_eq import models
+        layer = lowering.lower(models.opteq(n=6, m=6, d=4, form="conjugate", seed=0))
+        errors, start = [], threading.Barrier(4)
+
+        def emit():
+            start.wait()
+            try:
+                layer.torch_module()
+            except Exception as err:
+                errors.append(repr(err))
+
+        threads = [threading.Thread(target=emit) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(errors)
+    """)
+    assert out.strip().splitlines()[-1] == "[]"

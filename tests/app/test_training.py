@@ -79,3 +79,17 @@ def test_speed_options_are_refused_for_a_model_without_a_solve(option: dict) -> 
     with pytest.raises(OptionError, match="applies to an EquilibriumClassifier"):
         fit(nn.Sequential(nn.Flatten(), nn.Linear(8, 2)), _data(),
             TrainConfig(epochs=1, **option), "linear")
+
+
+def test_the_tolerance_schedule_leaves_the_module_its_own_tolerance() -> None:
+    import lowering
+    from convex_eq import models
+    from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
+
+    torch.manual_seed(0)
+    model = EquilibriumClassifier(lowering.lower(models.opteq(conv=(2, 3), image=(1, 1, 8))),
+                                  TrainingSettings(tol=1e-6), pooled=2, classes=2,
+                                  input_shape=(1, 1, 8))
+    res = fit(model, _data(), TrainConfig(epochs=2, batch=32, tol_schedule=(1e-2, 1e-3)), "opteq")
+    assert [h["tol"] for h in res.history] == pytest.approx([1e-2, 1e-3], rel=1e-12)
+    assert model.eq.tol == 1e-6

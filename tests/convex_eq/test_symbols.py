@@ -52,3 +52,46 @@ def test_scalar_float_and_dense_norm_read_the_declared_values() -> None:
     assert op.norm() == pytest.approx(np.linalg.svd(w, compute_uv=False)[0], rel=1e-12)
     assert op.norm({"W": 2 * w}) == pytest.approx(2 * np.linalg.svd(w, compute_uv=False)[0],
                                                   rel=1e-12)
+
+
+def test_scalar_reads_a_plain_number_and_a_one_element_tensor() -> None:
+    lam = ce.Scalar("lam", 0.25, low=0.0)
+    lam.value = 0.3  # bound as a plain number through the setter
+    assert lam.float() == 0.3
+    assert lam.float({"lam": torch.tensor([0.5])}) == 0.5  # one element, as float() reads it
+    W = ce.Weight("W", (2,), [1.0, 2.0])
+    with pytest.raises(ce.ShapeError, match="shape"):
+        W.numpy({"W": np.ones((1, 2))})  # only scalars take a reshaped value
+
+
+def test_a_symbol_unpickled_from_before_the_array_field_reads_its_value() -> None:
+    W = ce.Weight("W", (2,), [1.0, 2.0])
+    del W.__dict__["_array"]  # as a symbol pickled before the field existed
+    np.testing.assert_array_equal(W.numpy(), [1.0, 2.0])
+
+
+def test_threads_reading_a_lazily_made_value_at_once_all_get_it() -> None:
+    """A declared value is made on first read; threads reading it at once get the one value
+    (without the lock a reader could see the value neither pending nor made: None)."""
+    import threading
+
+    for _ in range(20):
+        given = np.random.default_rng(0).standard_normal((64, 64))
+        W = ce.Weight("W", (64, 64), given)
+        S = ce.Weight("S", (8, 8), seed=3)  # the library's seeded draw, made on first read
+        got: list = []
+        start = threading.Barrier(6)
+
+        def read(W: ce.Weight = W, S: ce.Weight = S, got: list = got,
+                 start: threading.Barrier = start) -> None:
+            start.wait()
+            got.append((W.value, S.value))
+
+        threads = [threading.Thread(target=read) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 6
+        assert all(w is got[0][0] and s is got[0][1] for w, s in got)
+        assert torch.equal(got[0][0], torch.as_tensor(given))
