@@ -440,3 +440,22 @@ def test_verify_polishes_an_inaccurate_cvxpy_solution_instead_of_failing() -> No
     assert rep.passed, rep
     assert rep.reference.statuses == ["optimal_inaccurate → polished"]
     assert rep.samples[0].rel_error <= 1e-12
+
+
+@pytest.mark.parametrize("alpha", [float(np.nextafter(1.0, 0.0)), 1.0 - 1e-9])
+def test_deep_composition_with_alpha_a_rounding_below_one(alpha: float) -> None:
+    """Corollary 1 at α one ulp (or 1e-9) below 1: Theorem 2's gradient form divides by
+    μ = 1 − α, so its residual was round-off times 1/μ (0.57 at one ulp, 1e-8 at 1e-9) and
+    FAILed a correct layer; below μ = 1e-6 the prox form alone decides (measured 5e-18 here)."""
+    from convex_eq.composition import DeepComposition
+
+    deep = models.deep_opteq(L=2, n=6, m=6, d=3, seed=0)
+    d = lowering.lower(DeepComposition(deep.layers, alpha, name="deep"), deep_form="multiblock")
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = verify.check(d, x)
+    assert not any("gradient-form" in f for f in rep.failures), rep.failures
+    # float64 prox evaluations of a fixed point solved to 1e-12: 1e-10 leaves a wide margin
+    assert rep.max_block_residual("prox-form") <= 1e-10
+    assert all("gradient-form" not in s.block_residuals for s in rep.samples)

@@ -116,6 +116,12 @@ def deep_blocks(derived: Any, z: Mapping[str, torch.Tensor], inputs: Mapping[str
     return out
 
 
+#: the gradient form divides by μ = 1 − α (``∇M^μ[φ](z) = (z − prox_{μφ}(z))/μ``): its round-off
+#: is ~ε/μ, so below μ = 1e-6 (2e-10 in float64, far under the 1e-8 tolerance at 1e-6 and
+#: growing to 0.6 at μ = 1e-16) it measures rounding, not the inclusion; the prox form decides
+GRADIENT_FORM_MIN_MU = 1e-6
+
+
 def inclusion_residuals(comp: DeepComposition, blocks: Mapping[str, torch.Tensor],
                         inputs: Mapping[str, torch.Tensor], env: Any
                         ) -> dict[str, dict[str, torch.Tensor]]:
@@ -125,7 +131,8 @@ def inclusion_residuals(comp: DeepComposition, blocks: Mapping[str, torch.Tensor
     * prox form ``||z_i - prox_{g_i}(z_{i-1})||`` with ``g_i = α M^{1-α}_{φ_i}`` and
       ``prox_{g_i} = α prox_{φ_i} + (1-α) id`` (the Moreau identity, μ + λ = 1);
     * gradient form ``||∇g_i(z_i) + z_i - z_{i-1}||`` (the inclusion ``0 ∈ ∂Φ(z̃) + (I - P)z̃``
-      read per block; ``∇g_i`` by ``envelope_gradient``, independent of the layer; α < 1)."""
+      read per block; ``∇g_i`` by ``envelope_gradient``, independent of the layer; where
+      ``1 − α ≥`` :data:`GRADIENT_FORM_MIN_MU`)."""
     a = comp.alpha_value(env)
     names = [b.name for b in comp.blocks]
     out: dict[str, dict[str, torch.Tensor]] = {}
@@ -137,7 +144,7 @@ def inclusion_residuals(comp: DeepComposition, blocks: Mapping[str, torch.Tensor
         den = zi.norm(dim=-1).clamp_min(1.0)
         prox_form = (zi - (a * pieces.prox(prev, q) + (1 - a) * prev)).norm(dim=-1) / den
         res = {"prox-form": prox_form}
-        if a < 1.0:
+        if 1.0 - a >= GRADIENT_FORM_MIN_MU:
             g = envelope_gradient(pieces, zi, q, a)
             res["gradient-form"] = (g + zi - prev).norm(dim=-1) / den
         out[names[i]] = res
