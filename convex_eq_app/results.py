@@ -114,35 +114,36 @@ def _step_iterations(rows: Sequence[dict[str, Any]]) -> str:
     return " / ".join(out)
 
 
-def _levers(cfg: dict[str, Any]) -> str:
-    """The equilibrium rows' iteration levers, where any was on."""
+def _lever_list(cfg: dict[str, Any], long: bool) -> list[str]:
+    """The iteration levers a train-table run's equilibrium rows used (``long``: as the
+    settings sentence words them, else as a section title does)."""
     on = []
     if cfg.get("warm_start"):
-        on.append("warm starts from each signal's equilibrium of the epoch before")
+        on.append("warm starts" + (" from each signal's equilibrium of the epoch before"
+                                   if long else ""))
     if cfg.get("jacobian_reg"):
         on.append(f"Jacobian regularisation γ = {cfg['jacobian_reg']:g}")
     if cfg.get("tol_schedule"):
         a, b = cfg["tol_schedule"]
-        on.append(f"tolerance schedule {a:g} → {b:g} (geometric over the epochs)")
+        on.append(f"tolerance schedule {a:g} → {b:g}"
+                  + (" (geometric over the epochs)" if long else ""))
     if cfg.get("backward", "implicit") != "implicit":
-        on.append(f"{cfg['backward']} gradients in the convex rows")
+        on.append(f"{cfg['backward']} gradients" + (" in the convex rows" if long else ""))
     if cfg.get("backward_solver"):
-        on.append(f"adjoint solver {cfg['backward_solver']}")
+        on.append(f"adjoint solver {cfg['backward_solver']}" if long else
+                  f"the {cfg['backward_solver']} adjoint solver")
+    return on
+
+
+def _levers(cfg: dict[str, Any]) -> str:
+    """The equilibrium rows' iteration levers, where any was on (the settings sentence)."""
+    on = _lever_list(cfg, long=True)
     return f" Equilibrium rows trained with {'; '.join(on)}." if on else ""
 
 
 def _lever_names(cfg: dict[str, Any]) -> str:
     """`` — with …`` naming the iteration levers a train-table run used (a section title)."""
-    on = ["warm starts"] if cfg.get("warm_start") else []
-    if cfg.get("jacobian_reg"):
-        on.append(f"Jacobian regularisation γ = {cfg['jacobian_reg']:g}")
-    if cfg.get("tol_schedule"):
-        a, b = cfg["tol_schedule"]
-        on.append(f"tolerance schedule {a:g} → {b:g}")
-    if cfg.get("backward", "implicit") != "implicit":
-        on.append(f"{cfg['backward']} gradients")
-    if cfg.get("backward_solver"):
-        on.append(f"the {cfg['backward_solver']} adjoint solver")
+    on = _lever_list(cfg, long=False)
     return f" — with {', '.join(on)}" if on else ""
 
 

@@ -298,6 +298,10 @@ def check_levers(cfg: TableConfig) -> None:
     """Refuse, before any training, iteration levers that a chosen equilibrium row cannot
     take: warm starts where the layer's equilibrium is not certified unique, an unknown
     adjoint solver or backward (each model is built once, untrained, to ask it)."""
+    if cfg.backward_solver and cfg.backward != "implicit":
+        raise OptionError(f"an adjoint solver ({cfg.backward_solver!r}) applies to the implicit "
+                          f"gradient, not to {cfg.backward!r} gradients", term="train-table",
+                          hint="drop --backward-solver, or train with --backward implicit")
     if not (cfg.warm_start or cfg.backward != "implicit" or cfg.backward_solver):
         return
     shape = table_data(cfg).shape

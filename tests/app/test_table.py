@@ -187,6 +187,9 @@ def test_levers_a_row_cannot_take_are_refused_before_training() -> None:
     cfg.warm_start, cfg.backward_solver = False, "no-such-solver"
     with pytest.raises(OptionError, match="unknown solver 'no-such-solver'"):
         T.check_levers(cfg)
+    cfg.backward, cfg.backward_solver = "phantom", "auto"  # no adjoint solve to configure
+    with pytest.raises(OptionError, match="applies to the implicit gradient"):
+        T.check_levers(cfg)
 
 
 def test_the_lever_summary_compares_the_conv_opteq_rows_of_the_runs() -> None:
