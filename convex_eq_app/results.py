@@ -314,17 +314,27 @@ LEVER_MODEL, YARDSTICK = "conv OptEq", "CNN (same #params)"
 
 
 def lever_summary(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> list[str]:
-    """A table comparing the conv OptEq row across the train-table runs that trained it with
-    the same epochs and seeds (the iteration levers each run used; none: the baseline), or
-    nothing when fewer than two such runs are given."""
-    runs = [(d, s) for d, s in zip(docs, sources) if d["kind"] == "train-table"
-            and any(r["name"] == LEVER_MODEL for r in d["rows"])]
-    keys = {(d["config"]["epochs"], tuple(d["config"]["seeds"])) for d, _ in runs}
-    if len(runs) < 2 or len(keys) != 1:
-        return []
-    lines = [f"### Iteration levers on the {LEVER_MODEL} row", "",
-             f"The {LEVER_MODEL} rows of the train-table runs above, side by side (each run's "
-             "provenance heads its section; same data, epochs and seeds).", "",
+    """One table per training budget (epochs and seeds) comparing the conv OptEq row across
+    the train-table runs that trained it with that budget (the iteration levers each run used;
+    none: the baseline); nothing for a budget with fewer than two such runs."""
+    groups: dict[tuple, list[tuple[dict[str, Any], str]]] = {}
+    for d, s in zip(docs, sources):
+        if d["kind"] == "train-table" and any(r["name"] == LEVER_MODEL for r in d["rows"]):
+            key = (int(d["config"]["epochs"]), tuple(d["config"]["seeds"]))
+            groups.setdefault(key, []).append((d, s))
+    lines: list[str] = []
+    for (epochs, seeds), runs in groups.items():
+        if len(runs) >= 2:
+            lines += _lever_table(runs, epochs, seeds)
+    return lines
+
+
+def _lever_table(runs: Sequence[tuple[dict[str, Any], str]], epochs: int,
+                 seeds: Sequence[int]) -> list[str]:
+    lines = [f"### Iteration levers on the {LEVER_MODEL} row, {epochs} epoch"
+             f"{'s' if epochs != 1 else ''}, seeds {', '.join(map(str, seeds))}", "",
+             f"The {LEVER_MODEL} rows of the train-table runs above with this budget, side by "
+             "side (each run's provenance heads its section; same data, epochs and seeds).", "",
              "| run | levers | test acc. (%) | fwd / adjoint iters per step (all epochs) | "
              "s per training epoch | × the CNN's |", "|---|---|---|---|---|---|"]
     for d, src in runs:

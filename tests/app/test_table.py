@@ -220,3 +220,13 @@ def test_the_lever_summary_compares_the_conv_opteq_rows_of_the_runs() -> None:
     other = doc([row("conv OptEq", 0.6, [1.5, 9.0, 9.0])])
     other["config"]["epochs"] = 4  # a different budget is not compared
     assert lever_summary([base, other], ["runs/a", "runs/c"]) == []
+    # runs of two budgets: one table per budget, each with its own runs
+    other_fast = doc([row("conv OptEq", 0.7, [1.0, 9.0, 9.0, 9.0])], warm_start=True)
+    other_fast["config"]["epochs"] = 4
+    text = "\n".join(lever_summary([base, other, fast, other_fast],
+                                   ["runs/a", "runs/c", "runs/b", "runs/d"]))
+    assert text.count("### Iteration levers") == 2
+    first, second = text.split("### Iteration levers")[1:]
+    assert "3 epochs" in first and "`runs/a`" in first and "`runs/b`" in first
+    assert "4 epochs" in second and "`runs/c`" in second and "`runs/d`" in second
+    assert "`runs/a`" not in second and "`runs/c`" not in first
