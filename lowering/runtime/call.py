@@ -16,7 +16,7 @@ import torch
 from convex_eq.errors import ConvergenceWarning
 from lowering.nodes import partial_evaluation
 
-from .backward import BACKWARD_STRATEGIES, AdjointConfig, FixedPointProblem, get_backward
+from .backward import AdjointConfig, FixedPointProblem
 from .failures import expand_stats, judge, spread_stats
 from .grad_mode import grad_off
 from .guards import indices, initial_state, inputs_of, nonfinite_inputs, refuse_forward_ad
@@ -55,11 +55,6 @@ class Call:
     sample_ids: torch.Tensor | None = None
 
 
-def strategy(mode: str) -> Any:
-    """The registered backward strategy ``mode`` (read on every call: the config is mutable)."""
-    return BACKWARD_STRATEGIES.get(mode) or get_backward(mode)  # (the latter: a typed error)
-
-
 def t_fn(m: Layer, keys_in: list[str], keys_env: list[str]) -> TFn:
     """``T(z, tensors)`` with the tensors in the order inputs (``keys_in``) then weights
     (``keys_env``): what the backward strategies differentiate."""
@@ -88,6 +83,7 @@ def general_call(m: Layer, x: Any, z0: Any, return_stats: bool, steps: int,
     if steps:
         call.compiled = compiled_steps_of(m, steps)
     f = _applied(call.fn, call.tensors)
+    m.config.backward.strategy()  # (options set in place since construction are checked here)
     if m.config.backward.mode == "unroll":
         z_star, stats = unroll(m, f, call.z0)
     else:
@@ -257,7 +253,7 @@ def attach(m: Layer, fn: TFn, tensors: list[torch.Tensor], z_star: torch.Tensor,
     problem = FixedPointProblem(fn, tensors, adj, backward_sink(m, rows, batch))
     if planned is not None and planned[1]:  # built with autograd from leaf copies
         problem.plan, problem.leaves = planned
-    return strategy(cfg.backward.mode).attach(problem, z_star, z0, cfg.backward)
+    return cfg.backward.strategy().attach(problem, z_star, z0, cfg.backward)
 
 
 def finish(m: Layer, call: Call, z_star: torch.Tensor, stats: SolverStats) -> Any:

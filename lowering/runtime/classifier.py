@@ -30,6 +30,7 @@ from torch import nn
 
 from convex_eq.errors import OptionError
 
+from .backward import get_backward
 from .solvers import SolverStats
 from .weight_control import controlled_conditions
 
@@ -108,9 +109,16 @@ class TrainingSettings:
                               "weights, or build the module with derived.torch_module("
                               "weight_control=None, weight_normalization=...)")
         wc = "spectral_norm" if controlled or bounds else None
+        adjoint = ({"backward_solver": self.backward_solver,
+                    "backward_max_iter": self.backward_factor * self.max_iter}
+                   if getattr(get_backward(self.backward), "solves_adjoint", True) else {})
+        if not adjoint and self.backward_solver is not None:
+            raise OptionError(f"backward_solver={self.backward_solver!r} configures the adjoint "
+                              f"solve; backward={self.backward!r} solves none",
+                              term="TrainingSettings", hint="drop backward_solver, or use "
+                              "backward='implicit'")
         return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
-                "backward": self.backward, "backward_solver": self.backward_solver,
-                "backward_max_iter": self.backward_factor * self.max_iter,
+                "backward": self.backward, **adjoint,
                 "on_nonconvergence": self.on_nonconvergence, "weight_control": wc,
                 "weight_bounds": bounds or None, "margin": self.margin,
                 "dtype": self.dtype, "weight_normalization": self.weight_normalization}

@@ -81,7 +81,7 @@ class BackwardConfig:
     adjoint: str = "auto"
 
     def __post_init__(self) -> None:
-        get_backward(self.mode)
+        self.strategy()
         if self.adjoint not in ADJOINT_METHODS:
             raise OptionError(f"backward_adjoint = {self.adjoint!r} is not one of "
                               f"{ADJOINT_METHODS}", term="torch_module",
@@ -100,6 +100,22 @@ class BackwardConfig:
         if not 0 < self.phantom_damping <= 1:
             raise OptionError(f"phantom_damping = {self.phantom_damping} must lie in (0, 1]",
                               term="torch_module")
+
+    def strategy(self) -> Any:
+        """The registered strategy of ``mode``; adjoint options set for a strategy that solves
+        no adjoint are refused (checked on every call too: the config is mutable)."""
+        strategy = get_backward(self.mode)
+        if not getattr(strategy, "solves_adjoint", True):
+            given = [f"backward_{k}" for k, v in (("solver", self.solver), ("tol", self.tol),
+                                                  ("max_iter", self.max_iter)) if v is not None]
+            given += ["backward_adjoint"] if self.adjoint != "auto" else []
+            if given:
+                verb = "configures" if len(given) == 1 else "configure"
+                raise OptionError(f"{', '.join(given)} {verb} the adjoint solve of the "
+                                  f"implicit backward; backward={self.mode!r} solves none",
+                                  term="torch_module", hint="drop them, or use "
+                                  "backward='implicit'")
+        return strategy
 
 
 @dataclass

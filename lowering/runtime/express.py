@@ -18,7 +18,6 @@ from .call import (
     backward_sink,
     finish,
     plan_layer,
-    strategy,
     t_fn,
 )
 from .grad_mode import grad_off, set_grad_enabled
@@ -104,7 +103,7 @@ def express_call(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
         m.warm_start_cache.store(ids, z_star, None)  # type: ignore[union-attr]
     problem = FixedPointProblem(plan.eval_with, list(plan.held), adjoint_config(m, None, None),
                                 backward_sink(m), plan, None, True, image)
-    z = strategy(bc.mode).attach(problem, z_star, z0, bc)
+    z = bc.strategy().attach(problem, z_star, z0, bc)
     return (z, stats) if return_stats else z
 
 

@@ -25,6 +25,9 @@ class BackwardStrategy(Protocol):
     """Turns the detached equilibrium into the differentiable output of the layer."""
 
     name: str
+    #: whether the gradient comes from an adjoint linear solve (the ``backward_solver``,
+    #: ``backward_tol``, ``backward_max_iter`` and ``backward_adjoint`` options apply only then)
+    solves_adjoint: bool
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor: ...

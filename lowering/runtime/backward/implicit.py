@@ -206,6 +206,8 @@ class ImplicitBackward:
     """Exact implicit differentiation (first and second order)."""
 
     name = "implicit"
+    #: the gradient comes from an adjoint linear solve (its solver, tol and cap apply)
+    solves_adjoint = True
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:

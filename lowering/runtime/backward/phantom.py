@@ -35,6 +35,8 @@ class PhantomBackward:
     """Phantom gradient: autograd through ``k`` damped applications of ``T`` from ``z*``."""
 
     name = "phantom"
+    #: no adjoint solve: the backward_solver / tol / max_iter / adjoint options do not apply
+    solves_adjoint = False
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:

@@ -14,6 +14,8 @@ class UnrollBackward:
     """Autograd through ``K`` plain iterations from ``z0`` (the forward is the unrolled loop)."""
 
     name = "unroll"
+    #: no adjoint solve: the backward_solver / tol / max_iter / adjoint options do not apply
+    solves_adjoint = False
 
     def attach(self, problem: FixedPointProblem, z_star: torch.Tensor, z0: torch.Tensor,
                options: Any) -> torch.Tensor:

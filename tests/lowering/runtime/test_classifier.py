@@ -104,3 +104,18 @@ def test_classifier_settings_on_a_constant_condition() -> None:
     fixed.torch_module(**TrainingSettings().module_options(fixed))
     trained = lowering.lower(opteq(n=6, m=6, d=3))
     assert TrainingSettings().module_options(trained)["weight_control"] == "spectral_norm"
+
+
+def test_training_settings_pass_adjoint_options_only_to_a_backward_that_solves_one() -> None:
+    """Phantom gradients get no adjoint cap (it would be refused as an ignored option) and an
+    explicit adjoint solver with them is refused; the implicit backward gets both."""
+    d = lowering.lower(models.opteq())
+    opts = TrainingSettings(backward="phantom").module_options(d)
+    assert "backward_max_iter" not in opts and "backward_solver" not in opts
+    assert d.torch_module(**opts).config.backward.mode == "phantom"
+    with pytest.raises(OptionError, match="backward_solver='plain' configures the adjoint"):
+        TrainingSettings(backward="phantom", backward_solver="plain").module_options(d)
+    opts = TrainingSettings(backward="implicit", backward_solver="plain",
+                            max_iter=7).module_options(d)
+    m = d.torch_module(**opts)
+    assert (m.config.backward.solver, m.config.backward.max_iter) == ("plain", 14)

@@ -199,3 +199,26 @@ def test_mask_set_in_place_on_a_coupled_layer_is_refused() -> None:
     out = mod(xx)  # (the forward converges)
     with pytest.raises(OptionError, match="adjoint fixed point did not reach.*couples the batch"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["phantom", "unroll"])
+@pytest.mark.parametrize("option", [{"backward_solver": "plain"}, {"backward_tol": 1e-3},
+                                    {"backward_max_iter": 10}, {"backward_adjoint": "direct"}])
+def test_adjoint_options_for_a_backward_without_an_adjoint_solve_are_refused(
+        mode: str, option: dict) -> None:
+    """Phantom and unrolled gradients solve no adjoint system: its options would be ignored,
+    so they are refused at construction and when set in place (the next call)."""
+    d = relu_layer()
+    (key, value), = option.items()
+    with pytest.raises(OptionError, match=f"{key} configures the adjoint solve.*{mode}"):
+        d.torch_module(weight_control=None, dtype=T64, backward=mode, **option)
+    mod = d.torch_module(weight_control=None, dtype=T64, backward=mode)
+    field = {"backward_solver": "solver", "backward_tol": "tol", "backward_max_iter": "max_iter",
+             "backward_adjoint": "adjoint"}[key]
+    setattr(mod.config.backward, field, value)
+    x = torch.randn(3, 8, dtype=T64, requires_grad=True)
+    with pytest.raises(OptionError, match=f"{key} configures the adjoint solve"):
+        mod(x)
+    mod.config.backward.mode = "implicit"  # the implicit backward uses them
+    mod(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

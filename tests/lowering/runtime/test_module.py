@@ -217,8 +217,9 @@ def test_the_output_shares_no_storage_with_a_warm_start(backward: str) -> None:
     of its own, so that an in-place change of it (here under no_grad) leaves the caller's
     ``z0`` and input untouched (exact comparisons: nothing is computed)."""
     layer = lowering.lower(qp_objective(qp_weight(8, 8, norm=0.8, seed=0)))
-    mod = layer.torch_module(weight_control=None, tol=1e-8, max_iter=300, backward_tol=1e-8,
-                             backward_max_iter=300, dtype=torch.float64, backward=backward)
+    adjoint = {"backward_tol": 1e-8, "backward_max_iter": 300} if backward == "implicit" else {}
+    mod = layer.torch_module(weight_control=None, tol=1e-8, max_iter=300, dtype=torch.float64,
+                             backward=backward, **adjoint)
     torch.manual_seed(0)
     q = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
     z0 = mod(q).detach()
