@@ -36,6 +36,17 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _at_least_one(text: str) -> int:
+    """An integer ≥ 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be ≥ 1")
+    return value
+
+
 def cmd_derive(args: argparse.Namespace) -> int:
     """Print the derivation (plain text or LaTeX) of the loaded object; without NAME, derive the
     file's only objective, or list what the file defines when it has none or several."""
@@ -110,6 +121,7 @@ def cmd_train_table(args: argparse.Namespace) -> int:
     cfg.jacobian_reg = args.jacobian_reg
     cfg.tol_schedule = tuple(args.tol_schedule) if args.tol_schedule else None
     cfg.backward, cfg.backward_solver = args.backward, args.backward_solver
+    cfg.anderson_m = args.anderson_m
     cfg.device = _device(args)
     with step("train-table"):
         run(out=args.out, cfg=cfg, progress=not args.no_progress, argv=args.argv)
@@ -287,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="adjoint solver of the implicit gradient: anderson, plain, broyden, "
                     "or auto (a direct solve when small, conjugate gradients on a symmetric "
                     "adjoint); default: the forward's (anderson)")
+    tt.add_argument("--anderson-m", type=_at_least_one, default=None, metavar="M",
+                    help="memory of the equilibrium rows' forward Anderson solve (default: the "
+                    "solver's, 5; a shorter memory makes each iteration cheaper)")
     tt.add_argument("--tol-schedule", type=float, nargs=2, default=None,
                     metavar=("START", "END"),
                     help="the equilibrium rows' solver tolerance, geometric from START in the "

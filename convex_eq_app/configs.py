@@ -125,6 +125,8 @@ class TableConfig:
     #: the forward's, Anderson)
     backward: str = "implicit"
     backward_solver: str | None = None
+    #: the forward Anderson solve's memory (None: the solver's default, 5)
+    anderson_m: int | None = None
 
     @classmethod
     def quick_config(cls) -> TableConfig:

@@ -132,6 +132,9 @@ def _lever_list(cfg: dict[str, Any], long: bool) -> list[str]:
     if cfg.get("backward_solver"):
         on.append(f"adjoint solver {cfg['backward_solver']}" if long else
                   f"the {cfg['backward_solver']} adjoint solver")
+    if cfg.get("anderson_m") is not None:
+        on.append(f"Anderson memory m = {cfg['anderson_m']}"
+                  + (" in the forward solve" if long else ""))
     return on
 
 

@@ -38,7 +38,13 @@ from .training import Result, TrainConfig, fit, n_params, verify_layer
 # ----------------------------------------------------------------------------- the models
 def _settings(cfg: TableConfig, bounds: dict[str, float] | None = None) -> TrainingSettings:
     return TrainingSettings(tol=cfg.tol, max_iter=cfg.max_iter, weight_bounds=bounds,
-                            backward=cfg.backward, backward_solver=cfg.backward_solver)
+                            backward=cfg.backward, backward_solver=cfg.backward_solver,
+                            solver_options=_solver_options(cfg))
+
+
+def _solver_options(cfg: TableConfig) -> dict[str, Any] | None:
+    """The equilibrium rows' forward solver options (Anderson's memory where set)."""
+    return {"m": cfg.anderson_m} if cfg.anderson_m is not None else None
 
 
 def _classifier(obj: Any, cfg: TableConfig, bounds: dict[str, float] | None = None,
@@ -140,7 +146,7 @@ def geq_with(cfg: TableConfig, shape: tuple[int, ...], seed: int, gamma: Any) ->
                           channel_split=8, gamma=gamma, seed=seed)
     wn = tuple(f"W{i + 1}" for i in range(len(GEQ_SCALES)))
     settings = TrainingSettings(tol=cfg.tol, max_iter=cfg.max_iter, backward="phantom",
-                                weight_normalization=wn)
+                                weight_normalization=wn, solver_options=_solver_options(cfg))
     torch.manual_seed(seed)
     return EquilibriumClassifier(lowering.lower(obj), settings, fusion="average", pool="max",
                                  pooled=cfg.pooled)
@@ -297,12 +303,14 @@ SMOKE = ("SMOKE RUN (--quick): tiny models, one epoch on 256 signals. It checks 
 def check_levers(cfg: TableConfig) -> None:
     """Refuse, before any training, iteration levers that a chosen equilibrium row cannot
     take: warm starts where the layer's equilibrium is not certified unique, an unknown
-    adjoint solver or backward (each model is built once, untrained, to ask it)."""
+    adjoint solver or backward, a forward option its solver does not take (each model is built
+    once, untrained, to ask it)."""
     if cfg.backward_solver and cfg.backward != "implicit":
         raise OptionError(f"an adjoint solver ({cfg.backward_solver!r}) applies to the implicit "
                           f"gradient, not to {cfg.backward!r} gradients", term="train-table",
                           hint="drop --backward-solver, or train with --backward implicit")
-    if not (cfg.warm_start or cfg.backward != "implicit" or cfg.backward_solver):
+    if not (cfg.warm_start or cfg.backward != "implicit" or cfg.backward_solver
+            or cfg.anderson_m is not None):
         return
     shape = table_data(cfg).shape
     refused = []

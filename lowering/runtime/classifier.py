@@ -49,6 +49,8 @@ class TrainingSettings:
 
     #: the forward solver
     solver: str = "anderson"
+    #: keyword options of the forward solver (e.g. Anderson's memory: ``{"m": 3}``)
+    solver_options: dict[str, Any] | None = None
     #: the adjoint's solver (None: ``solver``); ``"auto"`` takes a direct solve when small,
     #: conjugate gradients on a symmetric adjoint system (the canonical OptEq's), else plain
     #: iteration continued by Anderson (docs/theory.md §8)
@@ -117,8 +119,8 @@ class TrainingSettings:
                               f"solve; backward={self.backward!r} solves none",
                               term="TrainingSettings", hint="drop backward_solver, or use "
                               "backward='implicit'")
-        return {"solver": self.solver, "tol": self.tol, "max_iter": self.max_iter,
-                "backward": self.backward, **adjoint,
+        return {"solver": self.solver, "solver_options": dict(self.solver_options or {}),
+                "tol": self.tol, "max_iter": self.max_iter, "backward": self.backward, **adjoint,
                 "on_nonconvergence": self.on_nonconvergence, "weight_control": wc,
                 "weight_bounds": bounds or None, "margin": self.margin,
                 "dtype": self.dtype, "weight_normalization": self.weight_normalization}

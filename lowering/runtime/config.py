@@ -18,6 +18,7 @@ from convex_eq.errors import OptionError
 from .backward import ADJOINT_METHODS, get_backward
 from .sam import SAMConfig
 from .solvers import get_solver
+from .solvers.registry import check_options
 
 ON_FAIL = ("raise", "warn", "mask")
 CONTROL_MODES = ("auto", "spectral_norm", "project", None)
@@ -44,7 +45,7 @@ class SolveConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        get_solver(self.solver)
+        check_options(self.solver, self.options)
         if not (self.tol > 0 and math.isfinite(self.tol)) or int(self.max_iter) < 1:
             raise OptionError(f"tol = {self.tol} must be > 0 and max_iter = {self.max_iter} ≥ 1",
                               term="torch_module")

@@ -260,3 +260,12 @@ def test_verify_markdown_states_provenance_and_columns(
                    for h in line.strip("|").split("|")]
     for h in ("rel. error", "gap", "residual", "stationarity", "ref. status"):
         assert h in table_heads and h in cols
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "three"])
+def test_an_anderson_memory_below_one_is_a_usage_error(value: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["train-table", "--quick", "--anderson-m", value])
+    assert e.value.code == 2
+    assert "--anderson-m" in capsys.readouterr().err

@@ -192,6 +192,24 @@ def test_levers_a_row_cannot_take_are_refused_before_training() -> None:
         T.check_levers(cfg)
 
 
+def test_the_anderson_memory_reaches_every_equilibrium_row_and_names_the_run() -> None:
+    """``--anderson-m`` is the forward solver's memory in every equilibrium row of the loop
+    (the convex rows and GEQ, built apart), none in the CNN, and the run's title says so."""
+    from convex_eq_app.results import _lever_names
+
+    cfg = T.TableConfig.quick_config()
+    cfg.anderson_m = 3
+    shape = T.table_data(cfg).shape
+    for name in ("conv OptEq", "POptEq", "GEQ (multi-branch, paper's γ)"):
+        model = T.build(name, cfg, shape, 0)
+        assert model.eq.config.forward.solver == "anderson"
+        assert model.eq.config.forward.options == {"m": 3}, name
+    assert not hasattr(T.build("CNN (same #params)", cfg, shape, 0), "eq")
+    assert _lever_names(cfg.__dict__) == " — with Anderson memory m = 3"
+    cfg.anderson_m = None
+    assert T.build("conv OptEq", cfg, shape, 0).eq.config.forward.options == {}
+
+
 def test_the_lever_summary_compares_the_conv_opteq_rows_of_the_runs() -> None:
     from convex_eq_app.configs import TableConfig
     from convex_eq_app.results import lever_summary

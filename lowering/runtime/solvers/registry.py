@@ -5,6 +5,7 @@ is called as ``solve(f, z0, tol=…, max_iter=…, compiled=None, **options) -> 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,29 @@ def registered(name: str, iterate: Iteration) -> Solve:
         return best_per_sample(iterate, tr, f, z0, max_iter, options)
 
     run.iterate = iterate  # type: ignore[attr-defined]
+    run.option_names = _keyword_options(iterate)  # type: ignore[attr-defined]
     return run
+
+
+def _keyword_options(iterate: Iteration) -> frozenset[str] | None:
+    """The options ``iterate`` takes beyond ``(f, z0, tracker, max_iter)`` (None: any, where it
+    takes ``**options``)."""
+    params = list(inspect.signature(iterate).parameters.values())[3:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.name != "max_iter"
+                     and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """A typed error naming the options solver ``name`` does not take (they would fail, or be
+    ignored, at its first call)."""
+    known = getattr(get_solver(name), "option_names", None)
+    unknown = sorted(set(options) - known) if known is not None else []
+    if unknown:
+        raise OptionError(f"solver {name!r} takes no option(s) {unknown}", term="solver_options",
+                          hint=f"its options: {sorted(known) or 'none'}" if known is not None
+                          else None)
 
 
 def register_solver(name: str) -> Callable[[Iteration], Solve]:

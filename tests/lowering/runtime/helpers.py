@@ -30,7 +30,7 @@ F64 = torch.float64
 
 # ------------------------------------------------------------------ derived layers
 def relu_layer(m: int = 12, n: int = 8, norm: float = 0.8, seed: int = 0) -> lowering.DerivedLayer:
-    """The canonical ReLU layer ``relu(q + (I − WᵀW)z)`` with ``q`` the input, ``W`` (m × n)
+    """The canonical ReLU layer ``relu(WᵀWz + q)`` with ``q`` the input, ``W`` (m × n)
     of spectral norm ``norm``."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, n))

@@ -119,3 +119,5 @@ def test_training_settings_pass_adjoint_options_only_to_a_backward_that_solves_o
                             max_iter=7).module_options(d)
     m = d.torch_module(**opts)
     assert (m.config.backward.solver, m.config.backward.max_iter) == ("plain", 14)
+    opts = TrainingSettings(solver_options={"m": 2}).module_options(d)
+    assert d.torch_module(**opts).config.forward.options == {"m": 2}

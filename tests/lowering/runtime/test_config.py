@@ -222,3 +222,26 @@ def test_adjoint_options_for_a_backward_without_an_adjoint_solve_are_refused(
     mod.config.backward.mode = "implicit"  # the implicit backward uses them
     mod(x).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_solver_options_the_solver_does_not_take_are_refused_naming_its_options() -> None:
+    """An option the forward solver has no parameter for would fail (or be ignored) at the
+    first call: refused at construction, with the solver's own options in the hint."""
+    d = relu_layer()
+    with pytest.raises(OptionError, match=r"solver 'plain' takes no option\(s\) \['m'\]") as err:
+        d.torch_module(solver="plain", solver_options={"m": 3})
+    assert "damping" in str(err.value)
+    with pytest.raises(OptionError, match=r"\['mm'\]"):
+        d.torch_module(solver="anderson", solver_options={"mm": 3})
+    mod = d.torch_module(solver="anderson", solver_options={"m": 3, "beta": 0.5},
+                         weight_control=None, dtype=T64, tol=1e-10, max_iter=500)
+    x = torch.randn(3, 8, dtype=T64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        z = mod(x).numpy()
+    # the layer's equation relu(WᵀWz + q) in numpy, with relu_layer's W (seed 0, norm 0.8)
+    w = np.random.default_rng(0).standard_normal((12, 8))
+    w *= 0.8 / np.linalg.norm(w, 2)
+    tz = np.maximum(z @ w.T @ w + x.numpy(), 0.0)
+    # tol 1e-10 on a contraction of modulus ≤ ||W||₂² = 0.64: the state error stays below
+    # 1e-8 relative in float64 on any BLAS
+    assert np.linalg.norm(tz - z) / np.linalg.norm(tz) < 1e-8
