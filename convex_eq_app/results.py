@@ -258,7 +258,9 @@ def section(doc: dict[str, Any], images: Sequence[str] = ()) -> list[str]:
     kind = doc["kind"]
     smoke = bool(doc.get("config", doc.get("budget", {})).get("quick"))
     levers = _lever_names(doc.get("config", {})) if kind == "train-table" else ""
-    lines = [f"## {TITLES[kind]}{levers}{' — smoke run' if smoke else ''}", "",
+    epochs = doc.get("config", {}).get("epochs") if kind == "train-table" else None
+    budget = f", {epochs} epoch{'s' if epochs != 1 else ''}" if epochs else ""
+    lines = [f"## {TITLES[kind]}{budget}{levers}{' — smoke run' if smoke else ''}", "",
              *header_lines(doc["provenance"], smoke=smoke)]
     if kind == "demo":
         lines += [doc.get("setup", ""), "", demo_table(doc["results"]), "",

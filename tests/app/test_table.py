@@ -168,7 +168,7 @@ def test_a_table_run_with_levers_is_titled_by_them() -> None:
                                                          "versions": {}, "machine": {},
                                                          "command": "convex-eq train-table"}}
 
-    assert section(doc())[0] == "## The seed models on MNIST-1D (`convex-eq train-table`)"
+    assert section(doc())[0] == "## The seed models on MNIST-1D (`convex-eq train-table`), 1 epoch"
     assert section(doc(warm_start=True, tol_schedule=(1e-2, 1e-4)))[0].endswith(
         "— with warm starts, tolerance schedule 0.01 → 0.0001")
 

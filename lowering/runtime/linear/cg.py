@@ -63,15 +63,16 @@ def _cg_run(d: torch.Tensor, inner: Any, jt: Any, v: torch.Tensor, tol: float, m
     checked = math.inf  # the worst checked residual of the last failed check
     hist: list[torch.Tensor] = []  # ||r_k|| / ||s ⊙ v|| per iteration, (B, 1) each
     k = 0
+    single = v.shape[0] == 1
     while k < max_iter:
         k += 1
         ap = addcmul(p, s, inner(s * p), value=-1.0)  # (I − S L S) p
-        alpha = rr / (p * ap).sum(1, keepdim=True).clamp_min_(tiny)
+        alpha = rr / torch.linalg.vecdot(p, ap).unsqueeze_(1).clamp_min_(tiny)
         h.addcmul_(alpha, p)
         r.addcmul_(alpha, ap, value=-1.0)
         nr = norm(r, 2, 1, True)
         hist.append(nr)
-        top = float(nr.max())
+        top = float(nr if single else nr.max())  # (one sample: no reduction)
         if not math.isfinite(top):
             return None
         if top <= target:
