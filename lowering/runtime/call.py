@@ -24,7 +24,7 @@ from .layer import Layer
 from .parameters import checked_env
 from .plan import PlanContext, Root, plan_of
 from .sam import sam_iterate
-from .solvers import CompiledSteps, SolverStats, Tracker, empty_stats, get_solver, rel_residual
+from .solvers import CompiledSteps, SolverStats, Tracker, empty_stats, rel_residual
 
 #: dtypes solved internally in float32 (their 8-/11-bit mantissas cannot reach useful tolerances)
 HALF = (torch.float16, torch.bfloat16)
@@ -188,7 +188,7 @@ def solve_forward(m: Layer, f: Any, z0: torch.Tensor, inputs: dict, env: dict,
         if cfg.sam is not None:
             with partial_evaluation():
                 return sam_iterate(m, f, z0, inputs, env)
-        solver = get_solver(fc.solver)
+        solver = fc.solve_fn()
         if planned:
             return solver(f, z0, tol=fc.tol, max_iter=fc.max_iter, compiled=steps,
                           **fc.options)

@@ -45,11 +45,17 @@ class SolveConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_options(self.solver, self.options)
+        self.solve_fn()
         if not (self.tol > 0 and math.isfinite(self.tol)) or int(self.max_iter) < 1:
             raise OptionError(f"tol = {self.tol} must be > 0 and max_iter = {self.max_iter} ≥ 1",
                               term="torch_module")
         self.tol, self.max_iter = float(self.tol), int(self.max_iter)
+
+    def solve_fn(self) -> Any:
+        """The registered solver; options it does not take are refused (checked on every call
+        too: the config is mutable)."""
+        check_options(self.solver, self.options)
+        return get_solver(self.solver)
 
 
 @dataclass

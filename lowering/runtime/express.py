@@ -23,7 +23,6 @@ from .call import (
 from .grad_mode import grad_off, set_grad_enabled
 from .layer import Layer
 from .plan import PlanContext, held_builder_of, plan_of
-from .solvers import SOLVERS, get_solver
 
 
 def express_width(m: Layer) -> int:
@@ -84,7 +83,7 @@ def express_call(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
     if plan is None:
         return _express_leaves(m, x, env, z0, name, return_stats, ids)
     fc = m.config.forward
-    solve = SOLVERS.get(fc.solver) or get_solver(fc.solver)  # (the latter: a typed error)
+    solve = fc.solve_fn()
     if on:
         set_grad_enabled(False)
     try:
@@ -156,8 +155,8 @@ def _express_leaves(m: Layer, x: torch.Tensor, env: dict[str, torch.Tensor],
         return None
     fc = m.config.forward
     with grad_off():
-        z_star, stats = get_solver(fc.solver)(planned[0].fn, z0, tol=fc.tol,
-                                              max_iter=fc.max_iter, **fc.options)
+        z_star, stats = fc.solve_fn()(planned[0].fn, z0, tol=fc.tol, max_iter=fc.max_iter,
+                                      **fc.options)
     stats.__dict__.pop("image", None)
     fn = t_fn(m, keys_in, keys_env)
     if not stats.all_converged:  # judged, masked or warned as any other call

@@ -245,3 +245,19 @@ def test_solver_options_the_solver_does_not_take_are_refused_naming_its_options(
     # tol 1e-10 on a contraction of modulus ≤ ||W||₂² = 0.64: the state error stays below
     # 1e-8 relative in float64 on any BLAS
     assert np.linalg.norm(tz - z) / np.linalg.norm(tz) < 1e-8
+
+
+def test_solver_options_set_in_place_are_checked_on_the_next_call() -> None:
+    """An option written into ``module.config.forward.options`` after construction is refused
+    by the next call as at construction (a typed error, not a TypeError from the solver)."""
+    d = relu_layer()
+    mod = d.torch_module(solver="anderson", weight_control=None, dtype=T64)
+    x = torch.randn(3, 8, dtype=T64)
+    mod.config.forward.options["mm"] = 3
+    with pytest.raises(OptionError, match=r"solver 'anderson' takes no option\(s\) \['mm'\]"):
+        mod(x)
+    with torch.no_grad(), pytest.raises(OptionError, match=r"\['mm'\]"):
+        mod(x)
+    del mod.config.forward.options["mm"]
+    mod.config.forward.options["m"] = 2
+    assert torch.isfinite(mod(x)).all()
