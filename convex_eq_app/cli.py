@@ -341,10 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the claims and exit")
     r.add_argument("--resume", action="store_true", help="reuse the runs an earlier invocation "
                    "with the same budget finished into OUT/runs.jsonl")
-    r.add_argument("--from-table", metavar="DIR", default=None,
-                   help="reuse the runs (results and checkpoints) of a finished convex-eq "
-                   "train-table in DIR trained with the same epochs, seeds, data set and sizes "
-                   "(default: train every run)")
+    r.add_argument("--from-table", nargs="+", metavar="DIR", default=None,
+                   help="reuse the runs (results and checkpoints) of finished convex-eq "
+                   "train-table runs in DIR... trained with the same epochs, data set and "
+                   "sizes, together covering the seeds (default: train every run)")
     r.set_defaults(func=cmd_reproduce)
 
     rs = sub.add_parser("results", formatter_class=HelpFormatter,

@@ -204,7 +204,7 @@ def reproduce_setup(budget: dict[str, Any], env: dict[str, Any]) -> str:
             "training and testing (the table's quick config)" if budget["quick"] else
             "MNIST-1D (generated locally by the mnist1d package): the 4000 training signals, "
             f"tested on {env.get('n_test', 12000)} held-out signals drawn apart")
-    table = (f"; {env['table_runs']} runs reused from the train-table run in "
+    table = (f"; {env['table_runs']} runs reused from the train-table run(s) in "
              f"{env['from_table']}" if env.get("from_table") else "")
     reused = (f"; {env['reused_runs']} runs reused from an earlier invocation (their own "
               f"training + evaluation {env['reused_seconds']:.0f} s)"

@@ -43,16 +43,16 @@ def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "c
         workers: int = 1, only: Sequence[str] | None = None, resume: bool = False,
         log: Callable[[str], None] = print, seeds: Sequence[int] | None = None,
         epochs: int | None = None, progress: bool = True, argv: list[str] | None = None,
-        from_table: str | Path | None = None) -> dict[str, Any]:
+        from_table: str | Path | Sequence[str | Path] | None = None) -> dict[str, Any]:
     """Run the selected claims (all by default) and write the report into ``out``; returns
     ``{"verdicts", "measurements", "seconds", "out"}``.  ``resume``: reuse the runs an earlier
     invocation with the same budget finished into ``out/runs.jsonl`` (every finished run is
     appended there); ``seeds``/``epochs`` override the budget's (the report states them);
     ``progress``: a bar counting the epochs of all runs; ``argv``: the command line recorded in
-    the report (default: this process's); ``from_table``: the output folder of a finished
-    ``convex-eq train-table`` whose runs (same model, seed and training) are reused instead of
-    trained (:func:`convex_eq_app.reproduce.from_table.load` refuses a table trained
-    differently).  Each model trained here has its ``state_dict`` written to
+    the report (default: this process's); ``from_table``: the output folder (or folders) of
+    finished ``convex-eq train-table`` runs whose runs (same model, seed and training) are
+    reused instead of trained (:func:`convex_eq_app.reproduce.from_table.load` refuses a
+    table trained differently).  Each model trained here has its ``state_dict`` written to
     ``out/checkpoints/``."""
     import torch
 
@@ -99,7 +99,8 @@ def run(out: str | Path = "reproduce_out", quick: bool = False, device: str = "c
            "cpus": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
            "device": dev, "runs": len(results.by_key), "workers": budget.workers,
            "trained_runs": origins.count("trained"), "table_runs": origins.count("table"),
-           "from_table": str(from_table) if from_table is not None else None,
+           "from_table": (None if table_runs is None
+                          else ", ".join(str(f) for f in table_runs.folders)),
            "reused_runs": len(results.reused), "reused_seconds": sum(results.reused),
            "n_test": results.n_test, "verification": _verifications(results)}
     (out / "reproduce.md").write_text(report(budget, keys, verdicts, measurements, plots, env,

@@ -1,21 +1,25 @@
-"""Reusing the runs of a finished ``convex-eq train-table`` (``convex-eq reproduce --from-table
-DIR``): one training loop, no model trained twice.
+"""Reusing the runs of finished ``convex-eq train-table`` runs (``convex-eq reproduce --from-table
+DIR [DIR ...]``): one training loop, no model trained twice.
 
 A table run is reused for a reproduction run when they are the same model (a table model name,
 no variant options), the same seed and the same training: every field of the two
 :class:`~convex_eq_app.configs.TableConfig` that changes what is trained is equal
 (:func:`training_identity`; the seeds list, the models list, the device, the worker count and
-the number of inputs verified do not).  Where the table's training differs from the
-reproduction's, or the table lacks one of the reproduction's seeds, :func:`load` raises a
-:class:`~convex_eq_app.errors.CLIError` naming the fields and how to align them (reusing nothing
-silently would train everything again); a table model the table did not train (``--models``) is
-trained by the reproduction.  An evaluation that needs the trained model loads the table's
-checkpoint (``checkpoints/<model>-seed<k>.pt``) into the model built by the same builder.
+the number of inputs verified do not).  Several tables trained alike (say, some rows on three
+seeds and the slower rows in a second run) are read as one; a model and seed trained by two of
+them is refused (which one to reuse would be a guess).  Where a table's training differs from
+the reproduction's, or the tables together lack one of the reproduction's seeds, :func:`load`
+raises a :class:`~convex_eq_app.errors.CLIError` naming the fields and how to align them
+(reusing nothing silently would train everything again); a table model no table trained
+(``--models``) is trained by the reproduction.  An evaluation that needs the trained model loads
+the table's checkpoint (``checkpoints/<model>-seed<k>.pt`` in the folder that trained it) into
+the model built by the same builder.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,22 +33,33 @@ NOT_TRAINING = frozenset({"seeds", "models", "workers", "device", "quick", "veri
                           "eval_every"})
 
 
+#: training fields added to TableConfig after tables were recorded, each with the value that
+#: is the training of a record without it (the levers off, the solver's own Anderson memory)
+LATER_FIELDS: dict[str, Any] = {"warm_start": False, "jacobian_reg": 0.0, "tol_schedule": None,
+                                "backward": "implicit", "backward_solver": None,
+                                "anderson_m": None}
+
+
 def training_identity(cfg: TableConfig | dict[str, Any]) -> dict[str, Any]:
     """The fields of a table config that decide what is trained, JSON-normalised (tuples as
-    lists), so that a config and one read back from ``results.json`` compare equal."""
-    d = asdict(cfg) if isinstance(cfg, TableConfig) else dict(cfg)
+    lists), so that a config and one read back from ``results.json`` compare equal; a record
+    without a field of :data:`LATER_FIELDS` reads as that field's earlier training."""
+    d = asdict(cfg) if isinstance(cfg, TableConfig) else {**LATER_FIELDS, **dict(cfg)}
     return json.loads(json.dumps({k: v for k, v in sorted(d.items()) if k not in NOT_TRAINING}))
 
 
 @dataclass
 class TableRuns:
-    """The finished runs of one ``train-table`` output folder: ``rows[(model, seed)]`` (the
-    row of ``results.json``: the :class:`~convex_eq_app.training.Result` fields and the
-    checkpoint path), the folder and the table's config."""
+    """The finished runs of one or more ``train-table`` output folders trained alike:
+    ``rows[(model, seed)]`` (the row of ``results.json``: the
+    :class:`~convex_eq_app.training.Result` fields and the checkpoint path relative to its
+    folder), ``sources[(model, seed)]`` (the folder that trained it), the folders and the
+    tables' config."""
 
-    folder: Path
+    folders: list[Path]
     config: dict[str, Any]
     rows: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    sources: dict[tuple[str, int], Path] = field(default_factory=dict)
 
     def row(self, model: str, seed: int, cfg: TableConfig) -> dict[str, Any] | None:
         """The table's row for ``model`` / ``seed`` when its training equals ``cfg``'s."""
@@ -54,7 +69,7 @@ class TableRuns:
 
     def checkpoint(self, row: dict[str, Any]) -> Path:
         """The row's ``state_dict`` file (a typed error when it is missing)."""
-        path = self.folder / row["checkpoint"]
+        path = self.sources[(str(row["name"]), int(row["seed"]))] / row["checkpoint"]
         if not path.is_file():
             raise CLIError(f"the checkpoint {path} of {row['name']} seed {row['seed']} is "
                            "missing", term="--from-table",
@@ -62,11 +77,8 @@ class TableRuns:
         return path
 
 
-def load(folder: str | Path, cfg: TableConfig) -> TableRuns:
-    """The table runs in ``folder`` (its ``results.json``), checked against the reproduction's
-    config ``cfg``: a typed error when the folder holds no finished table or when its training
-    differs (the differing fields, and how to align them)."""
-    p = Path(folder)
+def _read(p: Path, cfg: TableConfig) -> dict[str, Any]:
+    """The ``results.json`` of the table in ``p``, checked to train as ``cfg`` does."""
     doc_path = p / "results.json"
     if not doc_path.is_file():
         hint = ("the table run did not finish (rows.jsonl without results.json): rerun "
@@ -88,18 +100,40 @@ def load(folder: str | Path, cfg: TableConfig) -> TableRuns:
         raise CLIError(f"the table in {p} was trained with {told}; this reproduction trains "
                        f"with {here}, so none of its runs is the same run",
                        term="--from-table", hint=f"{hint}, or drop --from-table")
-    missing = sorted(set(cfg.seeds) - {int(s) for s in doc["config"].get("seeds", ())})
+    return doc
+
+
+def load(folders: str | Path | Sequence[str | Path], cfg: TableConfig) -> TableRuns:
+    """The table runs in ``folders`` (one folder or several, each the output of a finished
+    ``train-table``), checked against the reproduction's config ``cfg``: a typed error when a
+    folder holds no finished table, when a table's training differs (the differing fields, and
+    how to align them), when two tables trained the same model and seed, or when the tables
+    together lack one of the reproduction's seeds."""
+    paths = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
+    if not paths:
+        raise CLIError("no table folder given", term="--from-table",
+                       hint="pass the --out folder of one or more convex-eq train-table runs")
+    docs = [(p, _read(p, cfg)) for p in paths]
+    seeds = sorted({int(s) for _, doc in docs for s in doc["config"].get("seeds", ())})
+    missing = sorted(set(cfg.seeds) - set(seeds))
     if missing:
-        raise CLIError(f"the table in {p} was trained with seeds "
-                       f"{list(doc['config'].get('seeds', ()))}; this reproduction needs seeds "
-                       f"{list(cfg.seeds)} and the table has none of {missing}",
-                       term="--from-table", hint="run reproduce with --seed "
-                       f"{' '.join(map(str, doc['config'].get('seeds', ())))}, train the table "
-                       "with the reproduction's seeds, or drop --from-table")
-    runs = TableRuns(p, doc["config"])
-    for r in doc.get("rows", []):
-        runs.rows[(str(r["name"]), int(r["seed"]))] = r
+        where = "the table in " + str(paths[0]) if len(paths) == 1 else "the tables"
+        raise CLIError(f"{where} {'was' if len(paths) == 1 else 'were'} trained with seeds "
+                       f"{seeds}; this reproduction needs seeds {list(cfg.seeds)} and "
+                       f"{'the table has' if len(paths) == 1 else 'they have'} none of "
+                       f"{missing}", term="--from-table", hint="run reproduce with --seed "
+                       f"{' '.join(map(str, seeds))}, train the table with the reproduction's "
+                       "seeds, or drop --from-table")
+    runs = TableRuns(paths, docs[0][1]["config"])
+    for p, doc in docs:
+        for r in doc.get("rows", []):
+            key = (str(r["name"]), int(r["seed"]))
+            if key in runs.sources:
+                raise CLIError(f"{key[0]} seed {key[1]} was trained by the tables in both "
+                               f"{runs.sources[key]} and {p}", term="--from-table",
+                               hint="pass only one of the two folders")
+            runs.rows[key], runs.sources[key] = r, p
     return runs
 
 
-__all__ = ["NOT_TRAINING", "TableRuns", "load", "training_identity"]
+__all__ = ["LATER_FIELDS", "NOT_TRAINING", "TableRuns", "load", "training_identity"]

@@ -242,7 +242,7 @@ def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None]
         elif row is not None and not s.evals:
             results.by_key[s.key] = result_metrics(row, cfg, len(dataset(cfg).y_train))
             results.origin[s.key] = "table"
-            results.by_key[s.key]["checkpoint"] = str(table.folder / row["checkpoint"])  # type: ignore[union-attr]
+            results.by_key[s.key]["checkpoint"] = str(table.checkpoint(row))  # type: ignore[union-attr]
         elif row is not None:
             jobs.append(("evaluate", s, budget, (row, table.checkpoint(row))))  # type: ignore[union-attr]
         else:
@@ -252,7 +252,8 @@ def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None]
     n_table = sum(1 for j in jobs if j[0] == "evaluate") + \
         sum(1 for o in results.origin.values() if o == "table")
     if table is not None:
-        log(f"reusing {n_table} runs of the table in {table.folder}")
+        log(f"reusing {n_table} runs of the table(s) in "
+            f"{', '.join(str(f) for f in table.folders)}")
     t0 = time.perf_counter()
     count = [0]
 

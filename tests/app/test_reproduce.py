@@ -174,10 +174,16 @@ def test_bad_model_parameters_are_typed_errors_naming_the_option() -> None:
 
 
 # ----------------------------------------------------------------------------- --from-table
-def _record(folder: Path, cfg: TableConfig) -> Path:
+def _record(folder: Path, cfg: TableConfig, rows: tuple[tuple[str, int], ...] = ()) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoints").mkdir(exist_ok=True)
+    out = []
+    for name, seed in rows:
+        ckpt = f"checkpoints/{name}-seed{seed}.pt"
+        (folder / ckpt).write_text(f"{folder.name}")  # which folder the reader opened
+        out.append({"name": name, "seed": seed, "checkpoint": ckpt})
     (folder / "results.json").write_text(json.dumps(
-        {"kind": "train-table", "config": asdict(cfg), "rows": []}))
+        {"kind": "train-table", "config": asdict(cfg), "rows": out}))
     return folder
 
 
@@ -214,6 +220,70 @@ def test_from_table_accepts_a_table_that_only_logged_its_test_accuracy_less_ofte
     doc["config"]["eval_every"] = 5  # when the held-out accuracy is logged: not training
     (folder / "results.json").write_text(json.dumps(doc))
     assert from_table.load(folder, cfg).rows == {}
+
+
+def test_from_table_reads_several_tables_as_one_and_opens_each_checkpoint_in_its_folder(
+        tmp_path: Path) -> None:
+    cfg = Budget.full().table_config()
+    a = _record(tmp_path / "a", replace(cfg, seeds=(0, 1)), (("POptEq", 0), ("POptEq", 1)))
+    b = _record(tmp_path / "b", replace(cfg, seeds=(2,), models=("POptEq",)),
+                (("POptEq", 2),))
+    runs = from_table.load([a, b], cfg)
+    assert sorted(runs.rows) == [("POptEq", 0), ("POptEq", 1), ("POptEq", 2)]
+    opened = {seed: runs.checkpoint(runs.row("POptEq", seed, cfg)).read_text()
+              for seed in (0, 1, 2)}
+    assert opened == {0: "a", 1: "a", 2: "b"}
+
+
+def test_from_table_refuses_a_model_and_seed_trained_by_two_tables(tmp_path: Path) -> None:
+    cfg = Budget.full().table_config()
+    a = _record(tmp_path / "a", cfg, (("POptEq", 1),))
+    b = _record(tmp_path / "b", replace(cfg, seeds=(1,)), (("POptEq", 1),))
+    with pytest.raises(CLIError, match="POptEq seed 1 was trained by the tables in both") as err:
+        from_table.load([a, b], cfg)
+    assert str(a) in str(err.value) and str(b) in str(err.value)
+
+
+def test_from_table_refuses_tables_that_together_lack_a_seed(tmp_path: Path) -> None:
+    cfg = Budget.full().table_config()
+    a = _record(tmp_path / "a", replace(cfg, seeds=(0,)))
+    b = _record(tmp_path / "b", replace(cfg, seeds=(1,)))
+    with pytest.raises(CLIError, match=r"the tables were trained with seeds \[0, 1\].*none of "
+                       r"\[2\]"):
+        from_table.load([a, b], cfg)
+
+
+def test_from_table_refuses_a_second_table_trained_differently(tmp_path: Path) -> None:
+    cfg = Budget.full().table_config()
+    a = _record(tmp_path / "a", cfg)
+    b = _record(tmp_path / "b", replace(cfg, lam=0.05))
+    with pytest.raises(CLIError, match=rf"the table in {re.escape(str(b))} was trained with "
+                       r"lam=0.05"):
+        from_table.load([a, b], cfg)
+
+
+def test_a_table_recorded_before_a_training_field_existed_reads_as_its_earlier_training(
+        tmp_path: Path) -> None:
+    """A record without ``anderson_m`` trained with the solver's own memory: it is the same
+    training as ``anderson_m=None``, and not the same as a memory of 3."""
+    cfg = Budget.full().table_config()
+    folder = _record(tmp_path / "t", cfg)
+    doc = json.loads((folder / "results.json").read_text())
+    del doc["config"]["anderson_m"]
+    (folder / "results.json").write_text(json.dumps(doc))
+    assert from_table.load(folder, cfg).rows == {}
+    with pytest.raises(CLIError, match="anderson_m=None.*anderson_m=3"):
+        from_table.load(folder, replace(cfg, anderson_m=3))
+
+
+def test_cli_takes_several_table_folders(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    """Both folders reach the loader: the second one's missing record is the error."""
+    _record(tmp_path / "a", Budget.quick_budget().table_config())
+    assert main(["reproduce", "--quick", "--from-table", str(tmp_path / "a"),
+                 str(tmp_path / "b"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"no results.json in {tmp_path / 'b'}" in err and "Traceback" not in err
 
 
 def test_from_table_refuses_an_unfinished_table(tmp_path: Path) -> None:
