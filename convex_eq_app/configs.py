@@ -7,7 +7,8 @@ their defaults without loading torch; what needs torch is imported inside the me
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 #: weights kept at spectral norm ≤ bound while the demo trains (convexity / contraction
@@ -133,6 +134,27 @@ class TableConfig:
         """The smoke run: 4 channels, kernel 3, one epoch on 256 signals."""
         return cls(channels=4, kernel=3, pooled=4, epochs=1, seeds=(0,), quick=True,
                    train_subset=256, max_iter=20, stem=2, dataset="mnist1d")
+
+
+#: TableConfig fields that do not change what a run trains (``eval_every``: how often the
+#: held-out accuracy is logged during training, a field of later table configs)
+NOT_TRAINING = frozenset({"seeds", "models", "workers", "device", "quick", "verify_inputs",
+                          "eval_every"})
+
+
+#: training fields added to TableConfig after tables were recorded, each with the value that
+#: is the training of a record without it (the levers off, the solver's own Anderson memory)
+LATER_FIELDS: dict[str, Any] = {"warm_start": False, "jacobian_reg": 0.0, "tol_schedule": None,
+                                "backward": "implicit", "backward_solver": None,
+                                "anderson_m": None}
+
+
+def training_identity(cfg: TableConfig | dict[str, Any]) -> dict[str, Any]:
+    """The fields of a table config that decide what is trained, JSON-normalised (tuples as
+    lists), so that a config and one read back from ``results.json`` compare equal; a record
+    without a field of :data:`LATER_FIELDS` reads as that field's earlier training."""
+    d = asdict(cfg) if isinstance(cfg, TableConfig) else {**LATER_FIELDS, **dict(cfg)}
+    return json.loads(json.dumps({k: v for k, v in sorted(d.items()) if k not in NOT_TRAINING}))
 
 
 #: epochs of every model in the full reproduction (docs/reproduce.md, "Budget")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .configs import training_identity
 from .errors import CLIError
 from .provenance import column_lines, header_lines
 
@@ -310,8 +312,79 @@ def render(docs: Sequence[dict[str, Any]], sources: Sequence[str],
         last_table = docs[i]["kind"] == "train-table" and (
             j + 1 == len(ranked) or docs[ranked[j + 1]]["kind"] != "train-table")
         if last_table:
-            lines += lever_summary([docs[k] for k in ranked], [sources[k] for k in ranked])
+            tables = [docs[k] for k in ranked], [sources[k] for k in ranked]
+            lines += combined_tables(*tables) + lever_summary(*tables)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def combined_tables(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> list[str]:
+    """One table per training (the fields that decide what is trained,
+    :func:`~convex_eq_app.configs.training_identity`) whose rows are spread over several
+    train-table runs, such as the slow rows trained in a run of their own: each model's seeds
+    gathered from those runs in page order (a model and seed trained by two runs is taken from
+    the first, which the table names); nothing where one run holds every row of its training."""
+    groups: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for d, s in zip(docs, sources):
+        if d["kind"] == "train-table" and not d["config"].get("quick"):
+            key = json.dumps(training_identity(d["config"]), sort_keys=True)
+            groups.setdefault(key, []).append((d, s))
+    lines: list[str] = []
+    for runs in groups.values():
+        rows: dict[tuple[str, int], tuple[dict[str, Any], str]] = {}
+        for d, s in runs:
+            for r in d["rows"]:
+                rows.setdefault((r["name"], int(r["seed"])), (r, s))
+        whole = any(set(rows) <= {(r["name"], int(r["seed"])) for r in d["rows"]}
+                    for d, _ in runs)
+        if not whole:
+            lines += _combined_table(rows, runs[0][0]["config"])
+    return lines
+
+
+def _verified(rows: Sequence[dict[str, Any]]) -> str:
+    """How many of the rows' trained layers passed their verification (— without a layer)."""
+    ver = [v for r in rows if (v := r.get("verification") or "—") != "—"]
+    if not ver:
+        return "—"
+    fail = sum("FAIL" in v for v in ver)
+    return ", ".join(t for t in (f"pass ×{len(ver) - fail}" if len(ver) > fail else "",
+                                 f"FAIL ×{fail}" if fail else "") if t)
+
+
+def _combined_table(rows: dict[tuple[str, int], tuple[dict[str, Any], str]],
+                    cfg: dict[str, Any]) -> list[str]:
+    epochs = int(cfg["epochs"])
+    seeds = sorted({seed for _, seed in rows})
+    lines = [f"### Every row trained alike, {epochs} epoch{'s' if epochs != 1 else ''}: the "
+             "runs above in one table", "",
+             "The rows of the train-table runs above that share one training (same data, "
+             "sizes, recipe and levers), gathered per model over the seeds; each run's "
+             "provenance heads its section.", "",
+             "| model | test acc. (%) | per seed (%) | params | forward steps at the iteration "
+             "cap | trained layer verified | from |", "|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(n for n, _ in rows):
+        got = sorted((seed, r, s) for (n, seed), (r, s) in rows.items() if n == name)
+        accs = [100 * r["accuracy"] for _, r, _ in got]
+        mean = sum(accs) / len(accs)
+        sd = (f" ± {math.sqrt(sum((a - mean) ** 2 for a in accs) / (len(accs) - 1)):.1f}"
+              if len(accs) > 1 else "")
+        per = " / ".join(f"{a:.1f}" for a in accs)
+        its = [r.get("mean_iterations") for _, r, _ in got]
+        eq = all(isinstance(i, (int, float)) and math.isfinite(i) for i in its)
+        capped = str(sum(r["nonconvergence"][0] for _, r, _ in got)) if eq else "—"
+        src = ", ".join(f"`{s}` (seed{'s' if k > 1 else ''} "
+                        f"{', '.join(str(x) for x, _, y in got if y == s)})"
+                        for s, k in Counter(y for _, _, y in got).items())
+        lines.append(f"| {name} | {mean:.1f}{sd} | {per} (seed{'s' if len(got) > 1 else ''} "
+                     f"{', '.join(str(x) for x, _, _ in got)}) | {got[0][1]['params']} | "
+                     f"{capped} | {_verified([r for _, r, _ in got])} | {src} |")
+    for name, acc in PUBLISHED.items():
+        lines.append(f"| {name} (published by the MNIST-1D authors) | {acc:.0f} | — | — | — | — "
+                     "| — |")
+    lines += ["", f"Seeds over all rows: {', '.join(map(str, seeds))}; accuracy: mean ± sample "
+              "standard deviation over a model's seeds; forward steps at the cap: summed over "
+              "its seeds' training steps.", ""]
+    return lines
 
 
 #: the equilibrium row the iteration levers are compared on, and its yardstick

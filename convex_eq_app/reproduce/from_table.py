@@ -20,32 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..configs import TableConfig
+from ..configs import LATER_FIELDS, NOT_TRAINING, TableConfig, training_identity
 from ..errors import CLIError
-
-#: TableConfig fields that do not change what a run trains (``eval_every``: how often the
-#: held-out accuracy is logged during training, a field of later table configs)
-NOT_TRAINING = frozenset({"seeds", "models", "workers", "device", "quick", "verify_inputs",
-                          "eval_every"})
-
-
-#: training fields added to TableConfig after tables were recorded, each with the value that
-#: is the training of a record without it (the levers off, the solver's own Anderson memory)
-LATER_FIELDS: dict[str, Any] = {"warm_start": False, "jacobian_reg": 0.0, "tol_schedule": None,
-                                "backward": "implicit", "backward_solver": None,
-                                "anderson_m": None}
-
-
-def training_identity(cfg: TableConfig | dict[str, Any]) -> dict[str, Any]:
-    """The fields of a table config that decide what is trained, JSON-normalised (tuples as
-    lists), so that a config and one read back from ``results.json`` compare equal; a record
-    without a field of :data:`LATER_FIELDS` reads as that field's earlier training."""
-    d = asdict(cfg) if isinstance(cfg, TableConfig) else {**LATER_FIELDS, **dict(cfg)}
-    return json.loads(json.dumps({k: v for k, v in sorted(d.items()) if k not in NOT_TRAINING}))
 
 
 @dataclass
