@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ def bars(ax: Any, labels: Sequence[str], stats: Sequence[Stat], scale: float = 1
     for x, s in zip(xs, stats):
         ax.annotate(f"{scale * s.mean:.1f}", (x, scale * s.mean), ha="center", va="bottom",
                     fontsize=7, xytext=(0, 3), textcoords="offset points")
-    ax.set_xticks(list(xs), list(labels), fontsize=7, rotation=15)
+    # model names are long ("MOptEq (smoothed D) + PE"): wrapped upright, they do not collide
+    ax.set_xticks(list(xs), [textwrap.fill(t, 10) for t in labels], fontsize=7)
     lo = min(scale * (s.mean - s.std) for s in stats)
     hi = max(scale * (s.mean + s.std) for s in stats)
     pad = max(1.0, 0.15 * (hi - lo))
