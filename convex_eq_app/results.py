@@ -279,6 +279,7 @@ def section(doc: dict[str, Any], images: Sequence[str] = ()) -> list[str]:
                   ("A smoke run: its verdicts exercise the code and are not evidence."
                    if smoke else f"{held} of {len(keys)} claims hold here."), "",
                   *column_lines(doc["columns"])]
+        lines += [f"![{Path(img).stem.replace('_', ' ')}]({img})\n" for img in images]
     return lines
 
 

@@ -1,14 +1,15 @@
-"""The results page's combined table (``convex_eq_app/results.py``): the rows of train-table runs
-that share one training, gathered per model over the seeds, and only where no single run holds
-them all."""
+"""The results page (``convex_eq_app/results.py``): the combined table gathers the rows of
+train-table runs that share one training per model over the seeds, only where no single run holds
+them all; a reproduction's section links its plots."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from convex_eq_app.configs import TableConfig
-from convex_eq_app.results import combined_tables
+from convex_eq_app.results import combined_tables, load, section
 
 CFG = TableConfig(epochs=30)
 
@@ -66,3 +67,10 @@ def test_no_combined_table_where_one_run_holds_every_row_or_the_trainings_differ
     quick = _doc([("MLP", 0, 0.6, 0, "—")], replace(TableConfig.quick_config()))
     quick2 = _doc([("CNN", 0, 0.6, 0, "—")], replace(TableConfig.quick_config()))
     assert combined_tables([quick, quick2], ["q/a", "q/b"]) == []  # smoke runs: no evidence
+
+
+def test_a_reproduction_section_shows_its_plots() -> None:
+    root = Path(__file__).resolve().parents[2]
+    doc = load(root / "docs" / "results" / "reproduce-30")
+    lines = section(doc, ["results/reproduce-30/geq_compare.png"])
+    assert "![geq compare](results/reproduce-30/geq_compare.png)\n" in lines
