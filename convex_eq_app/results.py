@@ -343,13 +343,15 @@ def combined_tables(docs: Sequence[dict[str, Any]], sources: Sequence[str]) -> l
 
 
 def _verified(rows: Sequence[dict[str, Any]]) -> str:
-    """How many of the rows' trained layers passed their verification (— without a layer)."""
+    """How many of the rows' trained layers passed, failed or could not be verified (— without
+    a layer); only a verdict that reads "pass" counts as one."""
     ver = [v for r in rows if (v := r.get("verification") or "—") != "—"]
     if not ver:
         return "—"
-    fail = sum("FAIL" in v for v in ver)
-    return ", ".join(t for t in (f"pass ×{len(ver) - fail}" if len(ver) > fail else "",
-                                 f"FAIL ×{fail}" if fail else "") if t)
+    passed = sum(v.endswith(", pass)") for v in ver)
+    failed = sum("FAIL" in v for v in ver)
+    counts = (("pass", passed), ("FAIL", failed), ("not verified", len(ver) - passed - failed))
+    return ", ".join(f"{name} ×{n}" for name, n in counts if n)
 
 
 def _combined_table(rows: dict[tuple[str, int], tuple[dict[str, Any], str]],

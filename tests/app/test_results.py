@@ -12,6 +12,7 @@ from convex_eq_app.configs import TableConfig
 from convex_eq_app.results import combined_tables, load, section
 
 CFG = TableConfig(epochs=30)
+PASS = "1e-9 (cvxpy: minimizer, pass)"  # a verification cell as verify_layer writes it
 
 
 def _doc(rows: list[tuple[str, int, float, int, str]], cfg: TableConfig = CFG) -> dict:
@@ -42,6 +43,10 @@ def test_rows_spread_over_runs_are_gathered_per_model_with_mean_and_sample_std()
     assert d[2] == "95.9 / 96.2 / 95.0 (seeds 0, 1, 2)"
     assert d[4] == "184" and d[5] == "pass ×1, FAIL ×2"
     assert d[6] == "`runs/fast` (seed 0), `runs/slow` (seeds 1, 2)"
+    unverified = _doc([("E", 0, 0.9, 0, "not verified: SolverError: clarabel failed")])
+    assert _row("\n".join(combined_tables([unverified, _doc([("E", 1, 0.9, 0, "1e-9 (cvxpy: "
+                                            "minimizer, pass)")])], ["a", "b"])), "E")[5] \
+        == "pass ×1, not verified ×1"  # a reference that did not run is no pass
     cnn = _row(text, "CNN")
     assert cnn[1] == "96.0" and cnn[4] == "—" and cnn[5] == "—"
     assert _row(text, "POptEq")[1] == f"{statistics.mean([96.5, 96.7, 96.1]):.1f} ± " \
@@ -49,8 +54,8 @@ def test_rows_spread_over_runs_are_gathered_per_model_with_mean_and_sample_std()
 
 
 def test_a_model_and_seed_in_two_runs_is_taken_from_the_first_run_on_the_page() -> None:
-    a = _doc([("POptEq", 0, 0.90, 0, "x, pass")])
-    b = _doc([("POptEq", 0, 0.50, 0, "x, pass"), ("POptEq", 1, 0.70, 0, "x, pass")])
+    a = _doc([("POptEq", 0, 0.90, 0, PASS)])
+    b = _doc([("POptEq", 0, 0.50, 0, PASS), ("POptEq", 1, 0.70, 0, PASS)])
     c = _doc([("MLP", 0, 0.6, 0, "—")])
     text = "\n".join(combined_tables([a, b, c], ["runs/a", "runs/b", "runs/c"]))
     row = _row(text, "POptEq")
@@ -59,8 +64,8 @@ def test_a_model_and_seed_in_two_runs_is_taken_from_the_first_run_on_the_page() 
 
 
 def test_no_combined_table_where_one_run_holds_every_row_or_the_trainings_differ() -> None:
-    whole = _doc([("POptEq", s, 0.9, 0, "x, pass") for s in (0, 1, 2)])
-    part = _doc([("POptEq", 1, 0.9, 0, "x, pass")], replace(CFG, seeds=(1,)))
+    whole = _doc([("POptEq", s, 0.9, 0, PASS) for s in (0, 1, 2)])
+    part = _doc([("POptEq", 1, 0.9, 0, PASS)], replace(CFG, seeds=(1,)))
     assert combined_tables([whole, part], ["runs/a", "runs/b"]) == []
     other = _doc([("MLP", 0, 0.6, 0, "—")], replace(CFG, lam=0.05))  # another training
     assert combined_tables([whole, other], ["runs/a", "runs/c"]) == []
