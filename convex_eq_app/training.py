@@ -9,7 +9,8 @@ docs/guide.md, training speed); per epoch it logs the mean
 loss, the accuracy on the held-out part and, for an
 :class:`~lowering.runtime.classifier.EquilibriumClassifier`, the forward and backward solver
 statistics (:class:`~lowering.runtime.classifier.StatsMeter`).  Convergence warnings of the
-equilibrium layers are counted from those statistics, not printed per step.
+equilibrium layers are counted from those statistics, not printed per step; those of the
+held-out evaluations are counted per epoch and warned once, for the final evaluation.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Result:
     """One trained model: final accuracy on the held-out part, size, time and the per-epoch
     history (``loss`` (the cross-entropy), ``test_acc``, ``fwd_iters``, ``bwd_iters``,
     ``fwd_capped``, ``bwd_capped``, ``tol`` (the epoch's forward tolerance), ``jacobian`` (the mean
-    penalty, with Jacobian regularisation), ``seconds``)."""
+    penalty, with Jacobian regularisation), ``seconds``; in an evaluated epoch also
+    ``test_unconverged`` and ``test_max_residual``, see :func:`held_out`)."""
 
     name: str
     accuracy: float = 0.0
@@ -104,6 +106,43 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
         for i in range(0, len(x), batch):
             correct += int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
     return correct / max(1, len(x))
+
+
+def held_out(model: nn.Module, eq: EquilibriumClassifier | None, x: torch.Tensor,
+             y: torch.Tensor, batch: int = 1000) -> dict[str, float]:
+    """``test_acc`` of ``model`` on ``(x, y)`` and, for an equilibrium model, ``test_unconverged``
+    (held-out samples whose forward solve stopped at the cap before ``tol``) and
+    ``test_max_residual`` (the worst relative residual): counted per batch instead of one
+    warning per batch, which would flood a training log."""
+    if eq is None:
+        return {"test_acc": accuracy(model, x, y, batch)}
+    model.eval()
+    correct = unconverged = 0
+    worst = 0.0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # counted here, warned once by fit
+        for i in range(0, len(x), batch):
+            eq.reset_stats()
+            correct += int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+            f = eq.solver_stats().forward
+            if f is not None:
+                unconverged += f.unconverged
+                worst = max(worst, f.max_residual)
+    return {"test_acc": correct / max(1, len(x)), "test_unconverged": unconverged,
+            "test_max_residual": worst}
+
+
+def _warn_unconverged_test(name: str, eq: EquilibriumClassifier, row: dict[str, float],
+                           n: int) -> None:
+    """One :class:`ConvergenceWarning` for the last evaluation's unconverged held-out samples."""
+    k = int(row.get("test_unconverged", 0))
+    if k:
+        warnings.warn(ConvergenceWarning(
+            f"{name}: the forward solve of {k}/{n} held-out samples stopped at its cap of "
+            f"{eq.eq.max_iter} iterations before tol={eq.eq.tol:g} in the final evaluation "
+            f"(worst relative residual {row['test_max_residual']:.3e}); the accuracy is that "
+            f"of those iterates, not of equilibria (per epoch: history's test_unconverged). "
+            f"Hint: raise max_iter (now {eq.eq.max_iter})"), stacklevel=3)
 
 
 class IndexedTensors(torch.utils.data.Dataset):
@@ -183,9 +222,10 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
             loss, meter, penalty = _epoch(model, eq, loader, opt, cfg, gen, dev)
             sched.step()
             last = epoch + 1 == cfg.epochs
-            acc = (accuracy(model, x_test, y_test, cfg.eval_batch)
-                   if last or (epoch + 1) % cfg.eval_every == 0 else float("nan"))
-            row: dict[str, float] = {"epoch": epoch + 1, "loss": loss, "test_acc": acc}
+            row: dict[str, float] = {"epoch": epoch + 1, "loss": loss, "test_acc": float("nan")}
+            if last or (epoch + 1) % cfg.eval_every == 0:
+                row.update(held_out(model, eq, x_test, y_test, cfg.eval_batch))
+            acc = row["test_acc"]
             if eq is not None:
                 s = meter.summary()
                 row.update(s)
@@ -204,6 +244,8 @@ def fit(model: nn.Module, data: Dataset | torch.utils.data.DataLoader, cfg: Trai
             accuracy(model, x_test, y_test, cfg.eval_batch)
         if eq is not None:
             res.nonconvergence = (fwd_capped, bwd_capped)
+            _warn_unconverged_test(name, eq, res.history[-1] if res.history else {},
+                                   len(y_test))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 st = eq.measure(x_test[: cfg.eval_batch])

@@ -264,11 +264,11 @@ def execute(specs: Sequence[RunSpec], budget: Budget, log: Callable[[str], None]
         count[0] += 1
         results.by_key[spec.key] = m
         results.origin[spec.key] = "trained" if kind == "train" else "table"
-        cache.put(spec, m, sec)
         if kind == "train" and checkpoints is not None:
             m["checkpoint"] = save_checkpoint(state, checkpoints, spec.label())
         elif kind == "evaluate":
             m["checkpoint"] = str(job[3][1])
+        cache.put(spec, m, sec)  # after the checkpoint: a resumed run keeps its provenance
         what = "trained" if kind == "train" else "evaluated (table run)"
         log(f"[{count[0]:3d}/{len(jobs)} {time.perf_counter() - t0:6.0f} s] {spec.label()}: "
             f"{what}, acc {100 * m['accuracy']:.1f} % ({sec:.1f} s)")

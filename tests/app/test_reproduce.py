@@ -326,6 +326,31 @@ def test_from_table_reuses_the_tables_runs_and_trains_only_the_rest(tmp_path: Pa
     assert res["verdicts"]["mopteq_vs_popteq"].holds in VERDICTS
 
 
+def test_a_resumed_run_keeps_the_checkpoint_its_first_invocation_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--resume`` reads a finished run from runs.jsonl: its metrics must still name the
+    checkpoint the first invocation wrote, or results.json loses the trained weights' path."""
+    from convex_eq_app.reproduce import runs
+
+    def fake_train(spec: object, budget: object, state: dict) -> dict:
+        state["w"] = torch.ones(2)  # the run's "trained weights"
+        return {"accuracy": 0.5}
+
+    monkeypatch.setattr(runs, "train_one", fake_train)
+    budget = Budget.quick_budget()
+    spec = run("MLP (same #params)", 0)
+    first = runs.execute([spec], budget, log=lambda s: None, progress=False,
+                         cache=runs.RunCache(tmp_path / "runs.jsonl", budget),
+                         checkpoints=tmp_path)
+    saved = first.by_key[spec.key]["checkpoint"]
+    assert torch.equal(torch.load(tmp_path / saved)["w"], torch.ones(2))
+    again = runs.execute([spec], budget, log=lambda s: None, progress=False,
+                         cache=runs.RunCache(tmp_path / "runs.jsonl", budget),
+                         checkpoints=tmp_path)
+    assert again.origin[spec.key] == "resumed"
+    assert again.by_key[spec.key]["checkpoint"] == saved
+
+
 # ----------------------------------------------------------------------------- registry, CLI
 def test_registering_a_claim_of_an_unknown_experiment_fails() -> None:
     with pytest.raises(OptionError, match="unknown experiment"):

@@ -4,6 +4,7 @@ measured and that the measured number is the model's."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -39,14 +40,15 @@ def test_eval_every_below_one_is_refused() -> None:
         fit(nn.Linear(8, 2), _data(), TrainConfig(epochs=1, eval_every=0), "linear")
 
 
-def _equilibrium_model() -> nn.Module:
+def _equilibrium_model(**settings: object) -> nn.Module:
     import lowering
     from convex_eq import models
-    from lowering.runtime.classifier import EquilibriumClassifier
+    from lowering.runtime.classifier import EquilibriumClassifier, TrainingSettings
 
     torch.manual_seed(0)
     return EquilibriumClassifier(lowering.lower(models.opteq(conv=(2, 3), image=(1, 1, 8))),
-                                 pooled=2, classes=2, input_shape=(1, 1, 8))
+                                 TrainingSettings(**settings), pooled=2, classes=2,
+                                 input_shape=(1, 1, 8))
 
 
 def test_tol_schedule_sets_each_epochs_tolerance_geometrically() -> None:
@@ -93,3 +95,32 @@ def test_the_tolerance_schedule_leaves_the_module_its_own_tolerance() -> None:
     res = fit(model, _data(), TrainConfig(epochs=2, batch=32, tol_schedule=(1e-2, 1e-3)), "opteq")
     assert [h["tol"] for h in res.history] == pytest.approx([1e-2, 1e-3], rel=1e-12)
     assert model.eq.tol == 1e-6
+
+
+def test_unconverged_held_out_samples_are_counted_per_epoch_and_warned_once() -> None:
+    """One iteration cannot reach a relative residual of 1e-12 from z = 0, so every one of the
+    32 held-out samples is unconverged in every evaluation: counted over all four batches of 8
+    (not per batch, not the last batch only) and reported by one warning, not one per batch."""
+    from convex_eq.errors import ConvergenceWarning
+
+    model = _equilibrium_model(max_iter=1, tol=1e-12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = fit(model, _data(), TrainConfig(epochs=2, batch=32, eval_batch=8), "capped")
+    assert [h["test_unconverged"] for h in res.history] == [32, 32]
+    assert all(h["test_max_residual"] > 1e-12 for h in res.history)
+    conv = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert len(conv) == 1 and "32/32 held-out samples" in str(conv[0].message)
+    assert "max_iter (now 1)" in str(conv[0].message)
+
+
+def test_a_converged_evaluation_counts_no_unconverged_sample_and_warns_nothing() -> None:
+    from convex_eq.errors import ConvergenceWarning
+
+    model = _equilibrium_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = fit(model, _data(), TrainConfig(epochs=1, batch=32, eval_batch=8), "opteq")
+    assert res.history[-1]["test_unconverged"] == 0
+    assert res.history[-1]["test_max_residual"] <= model.eq.tol
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
