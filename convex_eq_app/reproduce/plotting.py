@@ -40,13 +40,12 @@ def errorbar(ax: Any, xs: Sequence[float], stats: Sequence[Stat], label: str,
 
 
 def bars(ax: Any, labels: Sequence[str], stats: Sequence[Stat], scale: float = 100.0) -> None:
-    """A bar per label with ±1 std error bars and the mean written on top."""
+    """A bar per label with ±1 std error bars and the mean written above its error bar."""
     xs = range(len(labels))
-    ax.bar(xs, [scale * s.mean for s in stats], yerr=[scale * s.std for s in stats], capsize=3,
-           color="0.75", edgecolor="0.3")
-    for x, s in zip(xs, stats):
-        ax.annotate(f"{scale * s.mean:.1f}", (x, scale * s.mean), ha="center", va="bottom",
-                    fontsize=7, xytext=(0, 3), textcoords="offset points")
+    bar = ax.bar(xs, [scale * s.mean for s in stats], yerr=[scale * s.std for s in stats],
+                 capsize=3, color="0.75", edgecolor="0.3")
+    # bar_label puts each mean beyond the end of its error bar, where no cap crosses it
+    ax.bar_label(bar, labels=[f"{scale * s.mean:.1f}" for s in stats], padding=2, fontsize=7)
     # model names are long ("MOptEq (smoothed D) + PE"): wrapped upright, they do not collide
     ax.set_xticks(list(xs), [textwrap.fill(t, 10) for t in labels], fontsize=7)
     lo = min(scale * (s.mean - s.std) for s in stats)
