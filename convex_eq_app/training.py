@@ -136,7 +136,15 @@ def _warn_unconverged_test(name: str, eq: EquilibriumClassifier, row: dict[str, 
                            n: int) -> None:
     """One :class:`ConvergenceWarning` for the last evaluation's unconverged held-out samples."""
     k = int(row.get("test_unconverged", 0))
-    if k:
+    if k and eq.eq.backward == "unroll":  # the layer is the K-step map: no cap, no max_iter
+        steps = eq.eq.config.backward.unroll_steps
+        warnings.warn(ConvergenceWarning(
+            f"{name}: {k}/{n} held-out samples are not at tol={eq.eq.tol:g} after the layer's "
+            f"K = {steps} unrolled steps (backward='unroll' returns the K-th iterate; worst "
+            f"relative residual {row['test_max_residual']:.3e}): the accuracy is that of the "
+            f"K-step map, not of equilibria. Hint: a larger unroll_steps (now {steps}) comes "
+            f"closer to the equilibrium"), stacklevel=3)
+    elif k:
         warnings.warn(ConvergenceWarning(
             f"{name}: the forward solve of {k}/{n} held-out samples stopped at its cap of "
             f"{eq.eq.max_iter} iterations before tol={eq.eq.tol:g} in the final evaluation "

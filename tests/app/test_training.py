@@ -124,3 +124,19 @@ def test_a_converged_evaluation_counts_no_unconverged_sample_and_warns_nothing()
     assert res.history[-1]["test_unconverged"] == 0
     assert res.history[-1]["test_max_residual"] <= model.eq.tol
     assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+
+
+def test_an_unrolled_layer_is_warned_about_its_k_steps_not_an_iteration_cap() -> None:
+    """backward='unroll' runs exactly K plain steps: 2 steps cannot reach tol = 1e-12 from
+    z = 0, and the one warning names K, never max_iter (which does not apply)."""
+    from convex_eq.errors import ConvergenceWarning
+
+    model = _equilibrium_model(backward="unroll", tol=1e-12)
+    model.eq.config.backward.unroll_steps = 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = fit(model, _data(), TrainConfig(epochs=1, batch=32, eval_batch=8), "unrolled")
+    assert res.history[-1]["test_unconverged"] == 32
+    conv = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)
+            and "held-out" in str(w.message)]
+    assert len(conv) == 1 and "K = 2 unrolled steps" in conv[0] and "max_iter" not in conv[0]
